@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class AccountsConfig(AppConfig):
+    name = "apps.accounts"
+    label = "accounts"
+
+    def ready(self) -> None:
+        from apps.accounts import signals  # noqa: F401

@@ -1,0 +1,90 @@
+"""Typed errors raised by actions, and the API's one error shape.
+
+Every error the API returns looks like:
+    {"error": {"status": 400, "code": "invalid", "message": "...", "fields": {"name": ["..."]}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class ActionError(Exception):
+    """A request the portal refuses, with a message meant for the user."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class LimitExceeded(ActionError):
+    """A hard limit of the workspace would be broken (max instances, max notebooks, size)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    code = "limit_exceeded"
+
+
+class Conflict(ActionError):
+    """The object is not in a state that allows this (cancelling a finished job...)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    code = "conflict"
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail as {"field.sub": [messages]}."""
+    key = prefix or "non_field_errors"
+    if isinstance(detail, dict):
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in detail.items()]
+    elif isinstance(detail, list) and any(isinstance(item, (dict, list)) for item in detail):
+        items = [(f"{prefix}.{i}" if prefix else str(i), v) for i, v in enumerate(detail)]
+    else:
+        return {key: [str(item) for item in detail] if isinstance(detail, list) else [str(detail)]}
+    out: dict[str, list[str]] = {}
+    for name, value in items:
+        for field, messages in _flatten(value, name).items():
+            out.setdefault(field, []).extend(messages)
+    return out
+
+
+def _body(status_code: int, code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"status": status_code, "code": code, "message": message}
+    if fields:
+        error["fields"] = fields
+    return {"error": error}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ActionError):
+        fields = {exc.field: [exc.message]} if exc.field else None
+        return Response(_body(exc.status_code, exc.code, exc.message, fields), status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail) or {"non_field_errors": ["Invalid input."]}
+        first = next(iter(fields.items()))
+        message = first[1][0] if first[0] == "non_field_errors" else f"{first[0]}: {first[1][0]}"
+        response.data = _body(response.status_code, "invalid", message, fields)
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        code = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+        response.data = _body(response.status_code, str(code), str(detail))
+    return response

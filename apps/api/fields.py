@@ -1,0 +1,67 @@
+"""Serializer fields shared across the API."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.names import DNS_LABEL_MESSAGE, DNS_LABEL_RE
+
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class NameField(serializers.RegexField):
+    """A DNS-1123 label."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("max_length", 63)
+        super().__init__(DNS_LABEL_RE, **kwargs)
+        self.error_messages["invalid"] = DNS_LABEL_MESSAGE
+
+
+class EnvField(serializers.DictField):
+    """Environment variables: at most 100, names like shell variables, values up to 32 KiB."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(child=serializers.CharField(allow_blank=True, max_length=32768), **kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        value = super().to_internal_value(data)
+        if len(value) > 100:
+            raise serializers.ValidationError("At most 100 environment variables.")
+        bad = [key for key in value if not ENV_KEY_RE.match(key)]
+        if bad:
+            raise serializers.ValidationError(
+                f"{bad[0]!r} is not a variable name: use letters, digits and '_', not starting with a digit."
+            )
+        return value
+
+
+class RelativePathListField(serializers.ListField):
+    """Paths inside a job's working directory: relative, no '..'."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(child=serializers.CharField(max_length=500), max_length=50, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        paths = super().to_internal_value(data)
+        for path in paths:
+            if path.startswith("/") or ".." in path.split("/"):
+                raise serializers.ValidationError(f"{path!r}: use a path relative to the job's directory.")
+        return paths
+
+
+class WorkspaceField(serializers.SlugRelatedField):
+    """A workspace by name, among those the requesting user can see: others do not exist."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(slug_field="name", **kwargs)
+
+    def get_queryset(self) -> Any:
+        from apps.workspaces.access import restrict
+        from apps.workspaces.models import Workspace
+
+        request = self.context.get("request")
+        return restrict(Workspace.objects.all(), getattr(request, "user", None))

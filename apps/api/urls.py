@@ -1,0 +1,33 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from apps.accounts.api import GroupViewSet, MeView, TokenView, UserViewSet
+from apps.audit.api import AuditEventViewSet
+from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
+from apps.compute.api import InstanceViewSet, NotebookViewSet
+from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
+from apps.jobs.api import JobViewSet
+from apps.workspaces.api import CohortViewSet, GPUQuotaViewSet, MembershipViewSet, WorkspaceViewSet
+
+router = DefaultRouter()
+router.register("workspaces", WorkspaceViewSet, basename="workspace")
+router.register("memberships", MembershipViewSet, basename="membership")
+router.register("quotas", GPUQuotaViewSet, basename="quota")
+router.register("cohorts", CohortViewSet, basename="cohort")
+router.register("compute-profiles", ComputeProfileViewSet, basename="computeprofile")
+router.register("notebook-profiles", NotebookProfileViewSet, basename="notebookprofile")
+router.register("instances", InstanceViewSet, basename="instance")
+router.register("notebooks", NotebookViewSet, basename="notebook")
+router.register("jobs", JobViewSet, basename="job")
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GPUViewSet, basename="gpu")
+router.register("audit-events", AuditEventViewSet, basename="auditevent")
+router.register("users", UserViewSet, basename="user")
+router.register("groups", GroupViewSet, basename="group")
+
+urlpatterns = [
+    path("me/", MeView.as_view(), name="me"),
+    path("auth/token/", TokenView.as_view(), name="token"),
+    path("", include(router.urls)),
+]

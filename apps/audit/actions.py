@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models
+from django.http import HttpRequest
+
+from apps.audit.models import AuditEvent
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a request came from, for the audit trail."""
+
+    via: str = AuditEvent.Via.SYSTEM
+    ip_address: str | None = None
+
+    @classmethod
+    def from_request(cls, request: HttpRequest, via: str = AuditEvent.Via.API) -> Origin:
+        agent = request.headers.get("User-Agent", "")
+        if via == AuditEvent.Via.API and agent.startswith("gpuportal-cli"):
+            via = AuditEvent.Via.CLI
+        return cls(via=via, ip_address=request.META.get("REMOTE_ADDR") or None)
+
+
+SYSTEM = Origin()
+
+
+def do_log_event(
+    action: str,
+    target: models.Model,
+    *,
+    acting_user: Any = None,
+    origin: Origin = SYSTEM,
+    workspace: Any = None,
+    data: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Record one state change. Call it inside the transaction that makes the change."""
+    user = acting_user if getattr(acting_user, "is_authenticated", False) else None
+    return AuditEvent.objects.create(
+        actor=user,
+        actor_name=user.get_username() if user else "",
+        action=action,
+        target_type=target._meta.label_lower,
+        target_id=str(target.pk),
+        target_repr=str(target)[:300],
+        workspace=workspace,
+        data=data or {},
+        via=origin.via,
+        ip_address=origin.ip_address,
+    )
+
+
+def apply_changes(obj: models.Model, fields: dict[str, Any]) -> dict[str, Any]:
+    """Apply `fields` to `obj` and return the ones that changed, for the audit trail."""
+    changed: dict[str, Any] = {}
+    for name, value in fields.items():
+        if getattr(obj, name) != value:
+            setattr(obj, name, value)
+            changed[name] = value if isinstance(value, (str, int, bool, list, type(None))) else str(value)
+    return changed

@@ -1,0 +1,198 @@
+"""State changes of instances and notebooks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.api.errors import ActionError, Conflict, LimitExceeded
+from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.compute.models import Instance, Notebook
+from apps.inventory.models import Allocation
+from apps.scheduling.limits import check_request_size
+from apps.scheduling.trigger import request_cycle
+from apps.workspaces.live import notify
+from apps.workspaces.models import Workspace
+
+
+def _lock(workspace: Workspace) -> Workspace:
+    """Lock the workspace row so that concurrent requests see each other's counts."""
+    return Workspace.objects.select_for_update().get(pk=workspace.pk)
+
+
+def _check_profile_allowed(workspace: Workspace, profile: ComputeProfile, user: Any) -> None:
+    if not ComputeProfile.objects.visible_to(user).filter(pk=profile.pk).exists():
+        raise ActionError(f"Profile {profile.name} is not available to you.", field="profile")
+    allowed = workspace.allowed_profiles.all()
+    if allowed.exists() and not allowed.filter(pk=profile.pk).exists():
+        raise ActionError(f"Workspace {workspace.name} does not allow profile {profile.name}.", field="profile")
+
+
+def check_launch_instance(
+    workspace: Workspace,
+    *,
+    name: str,
+    profile: ComputeProfile,
+    description: str = "",
+    acting_user: Any,
+    origin: Origin = SYSTEM,
+) -> Instance:
+    """Validate a launch against the workspace's hard limits and queue the instance.
+
+    Raises LimitExceeded when the workspace is at its max instances or could never be given
+    the profile's size, ActionError for a profile it may not use or a name in use.
+    """
+    with transaction.atomic():
+        workspace = _lock(workspace)
+        _check_profile_allowed(workspace, profile, acting_user)
+        live = Instance.objects.filter(workspace=workspace, state__in=Instance.LIVE_STATES)
+        if live.count() >= workspace.max_instances:
+            raise LimitExceeded(
+                f"Workspace {workspace.name} already has {workspace.max_instances} instances, its limit; "
+                "delete one before launching another."
+            )
+        if live.filter(name=name).exists():
+            raise ActionError(f"An instance named {name} already exists in {workspace.name}.", field="name")
+        check_request_size(
+            workspace,
+            gpu_type=profile.gpu_type,
+            gpus_per_replica=profile.gpu_count,
+            replicas=1,
+            cpu_cores=profile.cpu_cores,
+            memory_gb=profile.memory_gb,
+        )
+        instance = Instance.objects.create(
+            workspace=workspace,
+            name=name,
+            description=description,
+            profile=profile,
+            gpu_type=profile.gpu_type,
+            gpus_per_replica=profile.gpu_count,
+            cpu_cores=profile.cpu_cores,
+            memory_gb=profile.memory_gb,
+            created_by=acting_user if acting_user.is_authenticated else None,
+        )
+        do_log_event(
+            "instance.launch",
+            instance,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=workspace,
+            data={"profile": profile.name},
+        )
+        notify(workspace.pk, "instance", {"id": instance.pk, "state": instance.state})
+        request_cycle()
+    return instance
+
+
+def do_delete_instance(instance: Instance, *, acting_user: Any, origin: Origin = SYSTEM) -> Instance:
+    """Delete an instance and its notebooks, releasing its GPUs. Irreversible."""
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        if instance.state == Instance.State.DELETED:
+            raise Conflict(f"Instance {instance.name} is already deleted.")
+        for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
+            do_delete_notebook(notebook, acting_user=acting_user, origin=origin)
+        Allocation.objects.filter(instance=instance).delete()
+        previous = instance.state
+        instance.state = Instance.State.DELETED
+        instance.finished_at = timezone.now()
+        instance.wait_reason = ""
+        instance.workspace_queue_position = instance.cluster_queue_position = None
+        instance.save()
+        do_log_event(
+            "instance.delete",
+            instance,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=instance.workspace,
+            data={"previous_state": previous},
+        )
+        notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
+        request_cycle()
+    return instance
+
+
+def check_launch_notebook(
+    workspace: Workspace,
+    *,
+    instance: Instance,
+    name: str,
+    profile: NotebookProfile,
+    description: str = "",
+    acting_user: Any,
+    origin: Origin = SYSTEM,
+) -> Notebook:
+    """Queue a notebook on an instance of the same workspace, within its max notebooks."""
+    with transaction.atomic():
+        workspace = _lock(workspace)
+        if instance.workspace_id != workspace.pk:
+            raise ActionError("The instance belongs to another workspace.", field="instance")
+        if instance.state not in (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING):
+            raise ActionError(f"Instance {instance.name} is {instance.get_state_display().lower()}.", field="instance")
+        if not NotebookProfile.objects.visible_to(acting_user).filter(pk=profile.pk).exists():
+            raise ActionError(f"Notebook profile {profile.name} is not available to you.", field="profile")
+        live = Notebook.objects.filter(workspace=workspace, state__in=Notebook.LIVE_STATES)
+        if live.count() >= workspace.max_notebooks:
+            raise LimitExceeded(
+                f"Workspace {workspace.name} already has {workspace.max_notebooks} notebooks, its limit; "
+                "delete one before launching another."
+            )
+        if live.filter(name=name).exists():
+            raise ActionError(f"A notebook named {name} already exists in {workspace.name}.", field="name")
+        notebook = Notebook.objects.create(
+            workspace=workspace,
+            instance=instance,
+            name=name,
+            description=description,
+            profile=profile,
+            url=f"/notebooks/{workspace.name}/{name}/",
+            created_by=acting_user if acting_user.is_authenticated else None,
+        )
+        do_log_event(
+            "notebook.launch",
+            notebook,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=workspace,
+            data={"instance": instance.name, "profile": profile.name},
+        )
+        notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state})
+    return notebook
+
+
+def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> Notebook:
+    """Stop a notebook for good."""
+    with transaction.atomic():
+        notebook = Notebook.objects.select_for_update().get(pk=notebook.pk)
+        if notebook.state == Notebook.State.STOPPED:
+            raise Conflict(f"Notebook {notebook.name} is already deleted.")
+        notebook.state = Notebook.State.STOPPED
+        notebook.stopped_at = timezone.now()
+        notebook.save()
+        do_log_event("notebook.delete", notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
+        notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+    return notebook
+
+
+def do_update_instance(instance: Instance, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Instance:
+    """Change what may change on a launched instance: its description."""
+    return _update_description(instance, "instance.update", fields, acting_user, origin)
+
+
+def do_update_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Notebook:
+    """Change what may change on a notebook: its description."""
+    return _update_description(notebook, "notebook.update", fields, acting_user, origin)
+
+
+def _update_description(obj: Any, event: str, fields: dict[str, Any], acting_user: Any, origin: Origin) -> Any:
+    with transaction.atomic():
+        obj = type(obj).objects.select_for_update().get(pk=obj.pk)
+        changed = apply_changes(obj, {k: v for k, v in fields.items() if k == "description"})
+        if changed:
+            obj.save(update_fields=list(changed))
+            do_log_event(event, obj, acting_user=acting_user, origin=origin, workspace=obj.workspace, data=changed)
+    return obj

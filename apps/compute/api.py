@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.api.fields import NameField, WorkspaceField
+from apps.api.views import TenantViewSet
+from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.compute import actions
+from apps.compute.models import Instance, Notebook
+from apps.workspaces.access import CHANGE, can, restrict
+
+
+class VisibleProfileField(serializers.SlugRelatedField):
+    """A profile by name, among those the requesting user can see."""
+
+    def __init__(self, model: type[ComputeProfile] | type[NotebookProfile], **kwargs: Any):
+        self.model = model
+        super().__init__(slug_field="name", **kwargs)
+
+    def get_queryset(self) -> Any:
+        return self.model.objects.visible_to(self.context["request"].user)
+
+
+class WorkloadStatusMixin(serializers.Serializer):
+    """Where a queued workload stands: its reason, queue positions and estimated start."""
+
+    wait_reason = serializers.CharField(read_only=True)
+    workspace_queue_position = serializers.IntegerField(read_only=True, allow_null=True)
+    cluster_queue_position = serializers.IntegerField(read_only=True, allow_null=True)
+    estimated_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+
+class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
+    workspace = WorkspaceField()
+    name = NameField()
+    profile = VisibleProfileField(ComputeProfile)
+    size = serializers.CharField(source="profile.size_label", read_only=True)
+    running_for_s = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Instance
+        fields = [
+            "id", "workspace", "name", "description", "profile", "size", "state", "failure_reason",
+            "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb", "wait_reason", "workspace_queue_position",
+            "cluster_queue_position", "estimated_start_at", "cluster", "created_by", "launched_at", "admitted_at",
+            "started_at", "finished_at", "running_for_s",
+        ]  # fmt: skip
+        read_only_fields = ["state", "failure_reason", "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb",
+                            "admitted_at", "started_at", "finished_at"]  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.instance is not None and not isinstance(self.instance, list):
+            for name in ("workspace", "name", "profile"):
+                self.fields[name].read_only = True
+
+    def get_running_for_s(self, instance: Instance) -> int | None:
+        running = instance.running_for
+        return int(running.total_seconds()) if running is not None else None
+
+
+class InstanceViewSet(TenantViewSet):
+    """Compute instances: launched from a profile, queued until the scheduler admits them."""
+
+    serializer_class = InstanceSerializer
+    queryset = Instance.objects.all()
+    filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "name": ["exact"]}
+    ordering_fields = ["created_at", "name", "state"]
+
+    def base_queryset(self) -> Any:
+        return Instance.objects.select_related("workspace", "profile", "cluster", "created_by")
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        data = dict(serializer.validated_data)
+        workspace = data.pop("workspace")
+        self.require(workspace)
+        serializer.instance = actions.check_launch_instance(workspace, **data, **self.action_kwargs())
+
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        serializer.instance = actions.do_update_instance(
+            serializer.instance, **serializer.validated_data, **self.action_kwargs()
+        )
+
+    def perform_destroy(self, instance: Instance) -> None:
+        actions.do_delete_instance(instance, **self.action_kwargs())
+
+
+class InstanceRefField(serializers.PrimaryKeyRelatedField):
+    def get_queryset(self) -> Any:
+        return restrict(Instance.objects.all(), self.context["request"].user)
+
+
+class NotebookSerializer(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    instance = InstanceRefField()
+    name = NameField()
+    profile = VisibleProfileField(NotebookProfile)
+    access_token = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Notebook
+        fields = [
+            "id", "workspace", "instance", "name", "description", "profile", "state", "failure_reason", "url",
+            "access_token", "created_at", "started_at", "stopped_at",
+        ]  # fmt: skip
+        read_only_fields = ["state", "failure_reason", "url", "started_at", "stopped_at"]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.instance is not None and not isinstance(self.instance, list):
+            for name in ("instance", "name", "profile"):
+                self.fields[name].read_only = True
+
+    def get_access_token(self, notebook: Notebook) -> str | None:
+        """The notebook's secret, for members only: viewers see that it exists, not how to open it."""
+        allowed = self.context.setdefault("_may_open", {})
+        if notebook.workspace_id not in allowed:
+            allowed[notebook.workspace_id] = can(self.context["request"].user, notebook.workspace, CHANGE)
+        return notebook.access_token if allowed[notebook.workspace_id] else None
+
+
+class NotebookViewSet(TenantViewSet):
+    """Jupyter notebooks running on an instance."""
+
+    serializer_class = NotebookSerializer
+    queryset = Notebook.objects.all()
+    filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "instance": ["exact"]}
+    ordering_fields = ["created_at", "name", "state"]
+
+    def base_queryset(self) -> Any:
+        return Notebook.objects.select_related("workspace", "profile")
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        data = dict(serializer.validated_data)
+        instance = data.pop("instance")
+        self.require(instance.workspace)
+        serializer.instance = actions.check_launch_notebook(
+            instance.workspace, instance=instance, **data, **self.action_kwargs()
+        )
+
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        serializer.instance = actions.do_update_notebook(
+            serializer.instance, **serializer.validated_data, **self.action_kwargs()
+        )
+
+    def perform_destroy(self, instance: Notebook) -> None:
+        actions.do_delete_notebook(instance, **self.action_kwargs())

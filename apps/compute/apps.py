@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ComputeConfig(AppConfig):
+    name = "apps.compute"
+    label = "compute"

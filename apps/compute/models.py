@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.names import validate_dns_label
+from apps.scheduling.models import Workload
+
+
+class Instance(Workload):
+    class State(models.TextChoices):
+        QUEUED = "QUEUED", "Queued"
+        PROVISIONING = "PROVISIONING", "Provisioning"
+        RUNNING = "RUNNING", "Running"
+        DELETING = "DELETING", "Deleting"
+        DELETED = "DELETED", "Deleted"
+        FAILED = "FAILED", "Failed"
+
+    # States that count against the workspace's max-instances limit.
+    LIVE_STATES = (State.QUEUED, State.PROVISIONING, State.RUNNING, State.DELETING)
+
+    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="instances")
+    name = models.CharField(max_length=63, validators=[validate_dns_label])
+    description = models.CharField(max_length=2000, blank=True)
+    profile = models.ForeignKey("catalog.ComputeProfile", on_delete=models.PROTECT, related_name="instances")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    failure_reason = models.CharField(max_length=2000, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"],
+                condition=Q(state__in=["QUEUED", "PROVISIONING", "RUNNING", "DELETING"]),
+                name="instance_live_name_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace}/{self.name}"
+
+    @property
+    def launched_at(self) -> datetime:
+        return self.created_at
+
+    @property
+    def running_for(self) -> timedelta | None:
+        if self.started_at is None:
+            return None
+        return (self.finished_at or timezone.now()) - self.started_at
+
+
+def _new_access_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class Notebook(models.Model):
+    class State(models.TextChoices):
+        PENDING = "PENDING", "Waiting for its instance"
+        STARTING = "STARTING", "Starting"
+        READY = "READY", "Ready"
+        STOPPING = "STOPPING", "Stopping"
+        STOPPED = "STOPPED", "Stopped"
+        FAILED = "FAILED", "Failed"
+
+    LIVE_STATES = (State.PENDING, State.STARTING, State.READY, State.STOPPING)
+
+    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="notebooks")
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="notebooks")
+    name = models.CharField(max_length=63, validators=[validate_dns_label])
+    description = models.CharField(max_length=2000, blank=True)
+    profile = models.ForeignKey("catalog.NotebookProfile", on_delete=models.PROTECT, related_name="notebooks")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
+    failure_reason = models.CharField(max_length=2000, blank=True)
+    url = models.CharField(max_length=500, blank=True)
+    access_token = models.CharField(max_length=100, default=_new_access_token)
+    backend_state = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"],
+                condition=Q(state__in=["PENDING", "STARTING", "READY", "STOPPING"]),
+                name="notebook_live_name_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace}/{self.name}"

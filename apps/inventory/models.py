@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q, Sum
+
+from apps.names import validate_dns_label, validate_gpu_type
+
+
+class Cluster(models.Model):
+    class Kind(models.TextChoices):
+        LOCAL = "local", "This machine"
+        SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
+
+    class Placement(models.TextChoices):
+        BINPACK = "binpack", "Bin-pack"
+        SPREAD = "spread", "Spread"
+
+    name = models.CharField(max_length=63, unique=True, validators=[validate_dns_label])
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    connection = models.JSONField(default=dict, blank=True, help_text="Backend settings: endpoints, partition...")
+    placement = models.CharField(max_length=16, choices=Placement.choices, default=Placement.BINPACK)
+    is_default = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+    discovered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodePool(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=63, validators=[validate_dns_label])
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_pool_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        READY = "ready", "Ready"
+        DRAINED = "drained", "Drained"
+        DOWN = "down", "Down"
+
+    pool = models.ForeignKey(NodePool, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=253)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_gb = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pool__cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["pool", "name"], name="node_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
+    model = models.CharField(max_length=200)
+    memory_mb = models.PositiveIntegerField(default=0)
+    architecture = models.CharField(max_length=50, blank=True)
+    declared = models.BooleanField(default=False, help_text="Declared in settings rather than found on the hardware.")
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.index} ({self.model})"
+
+    @property
+    def allocated(self) -> Decimal:
+        total = self.allocations.aggregate(total=Sum("fraction"))["total"]
+        return total or Decimal("0")
+
+
+class Allocation(models.Model):
+    """A share of one GPU held by one replica of an instance or a job."""
+
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations")
+    fraction = models.DecimalField(
+        max_digits=4, decimal_places=2, validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(1)]
+    )
+    instance = models.ForeignKey(
+        "compute.Instance", null=True, blank=True, on_delete=models.CASCADE, related_name="allocations"
+    )
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="allocations")
+    replica = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpu_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(instance__isnull=False, job__isnull=True) | Q(instance__isnull=True, job__isnull=False),
+                name="allocation_one_holder",
+            ),
+            models.CheckConstraint(condition=Q(fraction__gt=0) & Q(fraction__lte=1), name="allocation_fraction"),
+        ]
+
+    @property
+    def holder(self) -> object:
+        return self.instance or self.job

@@ -1,0 +1,122 @@
+"""State changes of jobs."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.api.errors import ActionError, Conflict
+from apps.audit.actions import SYSTEM, Origin, do_log_event
+from apps.inventory.models import Allocation
+from apps.jobs.models import Job
+from apps.scheduling.limits import check_request_size
+from apps.scheduling.trigger import request_cycle
+from apps.workspaces.live import notify
+from apps.workspaces.models import Workspace
+
+
+def check_submit_job(
+    workspace: Workspace,
+    *,
+    name: str,
+    acting_user: Any,
+    origin: Origin = SYSTEM,
+    command: str = "",
+    image: str = "",
+    env: dict[str, str] | None = None,
+    gpu_type: str = "",
+    gpus_per_replica: Decimal = Decimal("0"),
+    replicas: int = 1,
+    cpu_cores: int = 1,
+    memory_gb: int = 4,
+    priority: int = 0,
+    preemptible: bool = True,
+    checkpointable: bool = False,
+    max_runtime_s: int | None = None,
+    artifact_paths: list[str] | None = None,
+    description: str = "",
+) -> Job:
+    """Validate a job against the workspace's policies and hard limits, and queue it.
+
+    The job waits in QUEUED until the scheduler admits the whole gang under the GPU quota.
+    """
+    if not command and not image:
+        raise ActionError("Give the job a command, an image, or both.", field="command")
+    with transaction.atomic():
+        workspace = Workspace.objects.select_for_update().get(pk=workspace.pk)
+        if workspace.max_runtime_s is not None:
+            if max_runtime_s is None:
+                max_runtime_s = workspace.max_runtime_s
+            elif max_runtime_s > workspace.max_runtime_s:
+                raise ActionError(
+                    f"Workspace {workspace.name} allows at most {workspace.max_runtime_s} s of runtime.",
+                    field="max_runtime_s",
+                )
+        check_request_size(
+            workspace,
+            gpu_type=gpu_type,
+            gpus_per_replica=gpus_per_replica,
+            replicas=replicas,
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+        )
+        job = Job.objects.create(
+            workspace=workspace,
+            name=name,
+            description=description,
+            command=command,
+            image=image,
+            env=env or {},
+            gpu_type=gpu_type if gpus_per_replica else "",
+            gpus_per_replica=gpus_per_replica,
+            replicas=replicas,
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+            priority=priority,
+            preemptible=preemptible,
+            checkpointable=checkpointable,
+            max_runtime_s=max_runtime_s,
+            artifact_paths=artifact_paths or [],
+            created_by=acting_user if acting_user.is_authenticated else None,
+        )
+        do_log_event(
+            "job.submit",
+            job,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=workspace,
+            data={"gpus": f"{replicas} x {gpus_per_replica} {gpu_type}".strip()},
+        )
+        notify(workspace.pk, "job", {"id": job.pk, "state": job.state})
+        request_cycle()
+    return job
+
+
+def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job:
+    """Cancel a job that has not finished, releasing its GPUs."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.is_final:
+            raise Conflict(f"Job {job.name} has already finished ({job.get_state_display().lower()}).")
+        previous = job.state
+        Allocation.objects.filter(job=job).delete()
+        job.state = Job.State.CANCELLED
+        job.finished_at = timezone.now()
+        job.wait_reason = ""
+        job.workspace_queue_position = job.cluster_queue_position = None
+        job.estimated_start_at = None
+        job.save()
+        do_log_event(
+            "job.cancel",
+            job,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=job.workspace,
+            data={"previous_state": previous},
+        )
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
+        request_cycle()
+    return job

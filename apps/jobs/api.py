@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.api.fields import EnvField, NameField, RelativePathListField, WorkspaceField
+from apps.api.views import TenantViewSet
+from apps.compute.api import WorkloadStatusMixin
+from apps.jobs import actions
+from apps.jobs.models import Artifact, Job, JobAttempt
+
+
+class JobAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobAttempt
+        fields = ["number", "started_at", "finished_at", "exit_code", "outcome", "reason"]
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Artifact
+        fields = ["path", "size_bytes", "sha256", "created_at"]
+
+
+class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
+    workspace = WorkspaceField()
+    name = NameField()
+    env = EnvField(required=False)
+    artifact_paths = RelativePathListField(required=False)
+    gpu_type = serializers.RegexField(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$", max_length=32, required=False)
+    gpus_per_replica = serializers.DecimalField(
+        max_digits=6, decimal_places=2, min_value=Decimal("0"), max_value=Decimal("1024"), required=False
+    )
+    attempt_history = JobAttemptSerializer(source="attempt_set", many=True, read_only=True)
+    artifacts = ArtifactSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "workspace", "name", "description", "command", "image", "env", "gpu_type", "gpus_per_replica",
+            "replicas", "cpu_cores", "memory_gb", "priority", "preemptible", "checkpointable", "max_runtime_s",
+            "artifact_paths", "state", "failure_reason", "exit_code", "attempts", "progress", "wait_reason",
+            "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster", "created_by",
+            "created_at", "admitted_at", "started_at", "finished_at", "attempt_history", "artifacts",
+        ]  # fmt: skip
+        read_only_fields = ["state", "failure_reason", "exit_code", "attempts", "progress", "admitted_at",
+                            "started_at", "finished_at"]  # fmt: skip
+
+
+class JobViewSet(TenantViewSet):
+    """GPU jobs: a command or image on GPUS_PER_REPLICA x REPLICAS GPUs, admitted as a gang.
+
+    A queued job carries why it waits, its positions in its workspace's and the cluster's
+    queue, and an estimated start. Jobs are not edited once submitted: cancel and resubmit.
+    """
+
+    serializer_class = JobSerializer
+    queryset = Job.objects.all()
+    http_method_names = ["get", "post", "head", "options"]
+    filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "name": ["exact"]}
+    ordering_fields = ["created_at", "priority", "state", "cluster_queue_position"]
+
+    def base_queryset(self) -> Any:
+        return Job.objects.select_related("workspace", "cluster", "created_by").prefetch_related(
+            Prefetch("attempt_set", queryset=JobAttempt.objects.order_by("number")), "artifacts"
+        )
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        data = dict(serializer.validated_data)
+        workspace = data.pop("workspace")
+        self.require(workspace)
+        serializer.instance = actions.check_submit_job(workspace, **data, **self.action_kwargs())
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        """Cancel a queued or running job; its GPUs are released."""
+        job = self.get_object()
+        self.require(job.workspace)
+        job = actions.do_cancel_job(job, **self.action_kwargs())
+        return Response(self.get_serializer(self.base_queryset().get(pk=job.pk)).data)

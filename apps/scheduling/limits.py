@@ -1,0 +1,108 @@
+"""Hard limits on the size of one request: checked when it is made, never by the scheduler.
+
+A request that fits the quota shape is accepted and waits for room; one the workspace could
+never be given is refused at once with a message that says why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from decimal import Decimal
+
+from apps.api.errors import ActionError, LimitExceeded
+from apps.inventory.models import GPU, Node
+from apps.workspaces.models import GPUQuota, Workspace
+
+ONE = Decimal("1")
+
+
+def _fmt(value: Decimal) -> str:
+    return f"{value.normalize():f}"
+
+
+def check_gpu_shape(gpus_per_replica: Decimal, field: str = "gpus_per_replica") -> None:
+    if gpus_per_replica < 0:
+        raise ActionError("GPUs cannot be negative.", field=field)
+    if gpus_per_replica > ONE and gpus_per_replica != gpus_per_replica.to_integral_value():
+        raise ActionError(
+            f"{_fmt(gpus_per_replica)} GPUs: a share of one device must be below 1 (e.g. 0.25, 0.5); "
+            "more than one device must be a whole number.",
+            field=field,
+        )
+
+
+def most_gpus_on_one_node(gpu_type: str) -> int:
+    per_node = Counter(
+        GPU.objects.filter(
+            gpu_type=gpu_type, node__state=Node.State.READY, node__pool__cluster__enabled=True
+        ).values_list("node_id", flat=True)
+    )
+    return max(per_node.values(), default=0)
+
+
+def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
+    """The most GPUs of a type the workspace could ever hold at once, and how that is made up."""
+    quota = GPUQuota.objects.filter(workspace=workspace, gpu_type=gpu_type).first()
+    nominal = quota.gpus if quota else Decimal("0")
+    if not workspace.can_borrow or workspace.cohort_id is None:
+        return nominal, f"{_fmt(nominal)} nominal, no borrowing"
+    cohort = GPUQuota.objects.filter(workspace__cohort_id=workspace.cohort_id, gpu_type=gpu_type).exclude(
+        workspace=workspace
+    )
+    lendable = sum(
+        (min(q.gpus, q.lending_limit) if q.lending_limit is not None else q.gpus for q in cohort), Decimal("0")
+    )
+    if quota and quota.borrowing_limit is not None:
+        lendable = min(lendable, quota.borrowing_limit)
+    return nominal + lendable, f"{_fmt(nominal)} nominal + {_fmt(lendable)} borrowable"
+
+
+def check_request_size(
+    workspace: Workspace,
+    *,
+    gpu_type: str,
+    gpus_per_replica: Decimal,
+    replicas: int,
+    cpu_cores: int,
+    memory_gb: int,
+) -> None:
+    """Refuse a request larger than the workspace could ever be given."""
+    check_gpu_shape(gpus_per_replica)
+    if cpu_cores * replicas > workspace.cpu_cores:
+        raise LimitExceeded(
+            f"This asks for {cpu_cores * replicas} CPU cores; workspace {workspace.name} may use at most "
+            f"{workspace.cpu_cores}.",
+            field="cpu_cores",
+        )
+    if memory_gb * replicas > workspace.memory_gb:
+        raise LimitExceeded(
+            f"This asks for {memory_gb * replicas} GB of memory; workspace {workspace.name} may use at most "
+            f"{workspace.memory_gb} GB.",
+            field="memory_gb",
+        )
+    if gpus_per_replica == 0:
+        return
+    if not gpu_type:
+        raise ActionError("Name the GPU type of a request with GPUs.", field="gpu_type")
+    if not workspace.allows_gpu_type(gpu_type):
+        allowed = ", ".join(workspace.allowed_gpu_types)
+        raise ActionError(
+            f"Workspace {workspace.name} may not use {gpu_type} GPUs (allowed: {allowed}).", field="gpu_type"
+        )
+    total = gpus_per_replica * replicas
+    ceiling, how = gpu_ceiling(workspace, gpu_type)
+    if total > ceiling:
+        raise LimitExceeded(
+            f"This asks for {_fmt(total)} {gpu_type} GPUs; workspace {workspace.name} can never hold more "
+            f"than {_fmt(ceiling)} ({how}).",
+            field="gpus_per_replica",
+        )
+    largest = most_gpus_on_one_node(gpu_type)
+    if largest == 0:
+        raise LimitExceeded(f"No cluster has {gpu_type} GPUs.", field="gpu_type")
+    if gpus_per_replica > largest:
+        raise LimitExceeded(
+            f"One replica asks for {_fmt(gpus_per_replica)} {gpu_type} GPUs, but the largest node has "
+            f"{largest}; split the work into more replicas.",
+            field="gpus_per_replica",
+        )

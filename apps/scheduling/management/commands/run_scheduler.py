@@ -1,0 +1,36 @@
+import logging
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from apps.scheduling.adapter import run_cycle
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler loop: a cycle every --interval seconds, until SIGINT or SIGTERM."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--interval", type=float, default=settings.PORTAL_SCHEDULER_INTERVAL_S)
+        parser.add_argument("--once", action="store_true", help="Run one cycle and exit.")
+
+    def handle(self, *args: Any, interval: float, once: bool, **options: Any) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.is_set():
+            close_old_connections()
+            try:
+                result = run_cycle()
+                if once:
+                    self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
+            except Exception:  # one failed cycle must not stop the loop; the next one retries
+                logger.exception("scheduling cycle failed")
+            if once:
+                return
+            stop.wait(interval)

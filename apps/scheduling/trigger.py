@@ -1,0 +1,32 @@
+"""Asking for a scheduling cycle once the current transaction commits."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+
+def request_cycle() -> None:
+    """Called by every action that changes demand or supply (submit, finish, quota change)."""
+    mode = settings.PORTAL_SCHEDULER_TRIGGER
+    if mode == "off":
+        return
+    if mode == "inline":
+        from apps.scheduling.adapter import run_cycle
+
+        transaction.on_commit(run_cycle)
+        return
+
+    def enqueue() -> None:
+        from workers.tasks import schedule_cycle
+
+        try:
+            schedule_cycle.delay()
+        except Exception:  # the periodic loop catches up if the broker is briefly away
+            logger.warning("could not queue a scheduling cycle; the scheduler loop will run it", exc_info=True)
+
+    transaction.on_commit(enqueue)

@@ -1,0 +1,64 @@
+"""The one access layer: which workspaces, and so which tenant objects, a user may see or change.
+
+Every queryset of tenant data passes through `restrict()`. Objects outside it are simply not
+found (404), so a user learns nothing about other tenants' objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from django.db.models import Model, Q, QuerySet
+
+from apps.workspaces.models import ROLE_RANK, Role, Workspace
+
+M = TypeVar("M", bound=Model)
+
+# What each action needs.
+VIEW = Role.VIEWER
+CHANGE = Role.MEMBER
+MANAGE = Role.OWNER
+
+
+def _roles_at_least(role: str) -> list[str]:
+    return [r for r, rank in ROLE_RANK.items() if rank >= ROLE_RANK[Role(role)]]
+
+
+def workspace_ids(user: Any, role: str = VIEW) -> QuerySet[Workspace]:
+    """A subquery of the ids of the workspaces where `user` holds at least `role`."""
+    if not getattr(user, "is_authenticated", False):
+        return Workspace.objects.none().values("pk")
+    if user.is_staff:
+        return Workspace.objects.values("pk")
+    granted = Q(memberships__user=user, memberships__role__in=_roles_at_least(role)) | Q(assigned_user=user)
+    if ROLE_RANK[Role(role)] <= ROLE_RANK[Role.MEMBER]:
+        granted |= Q(assigned_group__in=user.groups.all())
+    return Workspace.objects.filter(granted).values("pk")
+
+
+def restrict(queryset: QuerySet[M], user: Any, role: str = VIEW, *, field: str = "workspace") -> QuerySet[M]:
+    """Narrow a queryset of tenant objects to those in workspaces where `user` holds `role`."""
+    if getattr(user, "is_staff", False) and getattr(user, "is_authenticated", False):
+        return queryset
+    if queryset.model is Workspace:
+        return queryset.filter(pk__in=workspace_ids(user, role))
+    return queryset.filter(**{f"{field}__in": workspace_ids(user, role)})
+
+
+def role_in(user: Any, workspace: Workspace) -> str | None:
+    """The user's strongest role in the workspace, or None."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    if user.is_staff or workspace.assigned_user_id == user.pk:
+        return Role.OWNER
+    roles = set(workspace.memberships.filter(user=user).values_list("role", flat=True))
+    if workspace.assigned_group_id and user.groups.filter(pk=workspace.assigned_group_id).exists():
+        roles.add(Role.MEMBER)
+    if not roles:
+        return None
+    return max(roles, key=lambda r: ROLE_RANK[Role(r)])
+
+
+def can(user: Any, workspace: Workspace, role: str) -> bool:
+    held = role_in(user, workspace)
+    return held is not None and ROLE_RANK[Role(held)] >= ROLE_RANK[Role(role)]

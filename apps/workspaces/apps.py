@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WorkspacesConfig(AppConfig):
+    name = "apps.workspaces"
+    label = "workspaces"

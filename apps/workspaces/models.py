@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from apps.names import validate_dns_label, validate_gpu_type
+
+MAX_GPUS = Decimal("100000")
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"
+
+
+# Higher rank may do everything a lower rank may.
+ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.OWNER: 3}
+
+
+class Cohort(models.Model):
+    """Workspaces in one cohort lend each other their idle GPU quota."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[validate_dns_label])
+    description = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Workspace(models.Model):
+    class Kind(models.TextChoices):
+        PRIVATE = "private", "Private"
+        SHARED = "shared", "Shared"
+
+    class Assignee(models.TextChoices):
+        NONE = "", "Nobody in particular"
+        TEAM = "team", "Team"
+        DEPARTMENT = "department", "Department"
+        USER = "user", "User"
+
+    name = models.CharField(max_length=63, unique=True, validators=[validate_dns_label])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.CharField(max_length=2000, blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SHARED)
+    # Who the workspace is for. Members of an assigned group are members of the workspace;
+    # an assigned user owns it.
+    assignee_kind = models.CharField(max_length=16, choices=Assignee.choices, blank=True, default="")
+    assigned_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    assigned_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    # Hard limits, checked with a row lock when a request is made.
+    max_instances = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(10000)])
+    max_notebooks = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(10000)])
+    cpu_cores = models.PositiveIntegerField(default=64, validators=[MaxValueValidator(1_000_000)])
+    memory_gb = models.PositiveIntegerField(default=256, validators=[MaxValueValidator(100_000_000)])
+
+    # Policies.
+    allowed_profiles = models.ManyToManyField(
+        "catalog.ComputeProfile", blank=True, related_name="+", help_text="Empty: every profile the user can see."
+    )
+    allowed_gpu_types = models.JSONField(default=list, blank=True, help_text="Empty: every GPU type.")
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True, validators=[MaxValueValidator(366 * 86400)])
+    max_idle_s = models.PositiveIntegerField(null=True, blank=True, validators=[MaxValueValidator(366 * 86400)])
+    can_borrow = models.BooleanField(default=False, help_text="May use its cohort's idle GPUs, and be preempted.")
+    fair_share_weight = models.DecimalField(
+        max_digits=6,
+        decimal_places=2,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal("1000"))],
+    )
+    cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.SET_NULL, related_name="workspaces")
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(assignee_kind="")
+                | Q(assignee_kind="user", assigned_user__isnull=False)
+                | Q(assignee_kind__in=["team", "department"], assigned_group__isnull=False),
+                name="workspace_assignee_consistent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows_gpu_type(self, gpu_type: str) -> bool:
+        return not self.allowed_gpu_types or gpu_type in self.allowed_gpu_types
+
+
+class Membership(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["workspace__name", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.workspace} ({self.role})"
+
+
+class GPUQuota(models.Model):
+    """GPUs of one type a workspace is guaranteed (nominal), may borrow, and lends at most."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="gpu_quotas")
+    gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
+    gpus = models.DecimalField(
+        max_digits=9, decimal_places=2, validators=[MinValueValidator(Decimal("0")), MaxValueValidator(MAX_GPUS)]
+    )
+    borrowing_limit = models.DecimalField(
+        max_digits=9,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(MAX_GPUS)],
+        help_text="Most GPUs borrowed from the cohort on top of the nominal quota; empty: no limit.",
+    )
+    lending_limit = models.DecimalField(
+        max_digits=9,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(MAX_GPUS)],
+        help_text="Most idle GPUs lent to the cohort; empty: all idle GPUs.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["workspace__name", "gpu_type"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "gpu_type"], name="gpu_quota_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.workspace}: {self.gpus} x {self.gpu_type}"

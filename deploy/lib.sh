@@ -1,0 +1,40 @@
+# Shared by run.sh and test.sh: a virtualenv with the pinned requirements, reused while
+# requirements.txt is unchanged.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PORTAL_VENV:-$ROOT/.venv}"
+
+find_python() {
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  echo "GPU Portal needs Python 3.11 or later." >&2
+  return 1
+}
+
+ensure_venv() {
+  local python stamp want
+  python="$(find_python)" || return 1
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "Creating the virtualenv in $VENV..."
+    if ! "$python" -m venv "$VENV" 2>/dev/null; then
+      # Debian and Ubuntu ship venv separately.
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+        rm -rf "$VENV"; "$python" -m venv "$VENV"
+      else
+        echo "Cannot create a virtualenv: install python3-venv (sudo apt-get install python3-venv)." >&2
+        return 1
+      fi
+    fi
+  fi
+  stamp="$VENV/.requirements.sha256"
+  want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "Installing the pinned requirements..."
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt"
+    echo "$want" > "$stamp"
+  fi
+}

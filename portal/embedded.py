@@ -1,0 +1,117 @@
+"""The embedded portal: web (ASGI), a Celery worker and the scheduler loop, from one command.
+
+Run by deploy/run.sh after it has set up the virtualenv. It migrates, seeds the demo, starts
+the three processes, prints the URL and the logins, and on Ctrl-C (or SIGTERM) stops them all,
+leaving no stray processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], check=True, cwd=BASE_DIR)
+
+
+def _start(name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
+    log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child's lifetime
+    # Each child leads its own process group, so stopping it also stops whatever it forked.
+    return subprocess.Popen(argv, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(children: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for child in children.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # the group may outlive its leader
+        child.wait()
+
+
+def _wait_for_http(url: str, children: dict[str, subprocess.Popen[bytes]], timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(child.poll() is not None for child in children.values()):
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    data_dir = Path(os.environ.get("PORTAL_DATA_DIR", BASE_DIR / "var")).resolve()
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    print("Preparing the database and the demo...", flush=True)
+    _manage("migrate", "--no-input", "-v", "0")
+    _manage("collectstatic", "--no-input", "-v", "0")
+    _manage("seed_demo")
+
+    python = sys.executable
+    children = {
+        "web": _start(
+            "web", [python, "-m", "daphne", "-b", args.host, "-p", str(args.port), "portal.asgi:application"], log_dir
+        ),
+        "worker": _start(
+            "worker", [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"], log_dir
+        ),
+        "scheduler": _start("scheduler", [python, str(BASE_DIR / "manage.py"), "run_scheduler"], log_dir),
+    }
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        url = f"http://{args.host}:{args.port}"
+        if not _wait_for_http(f"{url}/healthz", children):
+            failed = [name for name, child in children.items() if child.poll() is not None]
+            print(f"The portal did not start ({', '.join(failed) or 'web timed out'}); see {log_dir}.", flush=True)
+            return 1
+        print(f"\nGPU Portal is running at {url}", flush=True)
+        print(f"API docs: {url}/api/docs/   Logs: {log_dir}   Stop: Ctrl-C\n", flush=True)
+        while not stopping:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    log = log_dir / f"{name}.log"
+                    print(f"{name} exited with status {child.returncode}; stopping. See {log}", flush=True)
+                    return 1
+            time.sleep(0.5)
+        print("Stopping...", flush=True)
+        return 0
+    finally:
+        _stop(children)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""GPU Portal settings: one module, driven by environment variables.
+
+With no variables set this is the embedded default (SQLite, a filesystem broker, an in-memory
+channel layer, the local backend). Production sets PORTAL_ENV=production and names its
+database, Redis and secrets through the environment; see docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import env_bool, env_choice, env_int, env_list, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+PORTAL_ENV = env_choice("PORTAL_ENV", ("embedded", "production"), "embedded")
+PRODUCTION = PORTAL_ENV == "production"
+DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+
+
+def _embedded_secret_key() -> str:
+    """The embedded default keeps a generated key in its data directory, so sessions survive restarts."""
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env_secret("SECRET_KEY")
+if not SECRET_KEY:
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when PORTAL_ENV=production.")
+    SECRET_KEY = _embedded_secret_key()
+if PRODUCTION and len(SECRET_KEY) < 50:
+    raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters long.")
+
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must list the portal's host names when PORTAL_ENV=production.")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "apps.accounts",
+    "apps.audit",
+    "apps.workspaces",
+    "apps.catalog",
+    "apps.inventory",
+    "apps.compute",
+    "apps.jobs",
+    "apps.scheduling",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_secret("DATABASE_URL")
+if PRODUCTION and not DATABASE_URL:
+    raise ImproperlyConfigured("DATABASE_URL must name a PostgreSQL database when PORTAL_ENV=production.")
+if DATABASE_URL:
+    try:
+        _database = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL cannot be parsed: {exc}") from None
+else:
+    _database = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": DATA_DIR / "portal.sqlite3",
+        # Web, worker and scheduler share one file: WAL and immediate transactions keep them
+        # from failing each other with "database is locked".
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+    }
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis, Celery, Channels ----------------------------------------------------------------
+REDIS_URL = env_secret("REDIS_URL")
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL) or "filesystem://localhost//"
+if PRODUCTION and CELERY_BROKER_URL.startswith("filesystem://"):
+    raise ImproperlyConfigured("CELERY_BROKER_URL or REDIS_URL must be set when PORTAL_ENV=production.")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = DATA_DIR / "broker"
+    for _folder in ("queue", "processed", "results"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+    CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
+else:
+    CELERY_RESULT_BACKEND = env_secret("CELERY_RESULT_BACKEND", REDIS_URL) or None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Auth -----------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+# --- Security (production defaults on, overridable for a TLS-terminating proxy) ---------------
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", PRODUCTION)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000 if PRODUCTION else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
+# --- I18N, static -----------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(DATA_DIR / "static")))
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- REST API --------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "apps.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.SafeJSONParser"],
+}
+if DEBUG:
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU Portal API",
+    "DESCRIPTION": "Workspaces, compute profiles, instances, notebooks, GPU jobs and inventory.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- GPU Portal -------------------------------------------------------------------------------
+# The local cluster's GPUs where NVML finds none: "COUNTxTYPE[,COUNTxTYPE...]", e.g. "8xh100".
+PORTAL_DECLARED_GPUS = env_str("PORTAL_DECLARED_GPUS", "8xh100")
+PORTAL_LOCAL_CPU_CORES = env_int("PORTAL_LOCAL_CPU_CORES", 64, minimum=1)
+PORTAL_LOCAL_MEMORY_GB = env_int("PORTAL_LOCAL_MEMORY_GB", 512, minimum=1)
+# How an action asks for a scheduling cycle once its transaction commits:
+# "task" queues a Celery task, "inline" runs the cycle in-process, "off" leaves it to the loop.
+PORTAL_SCHEDULER_TRIGGER = env_choice("PORTAL_SCHEDULER_TRIGGER", ("task", "inline", "off"), "task")
+PORTAL_SCHEDULER_INTERVAL_S = env_int("PORTAL_SCHEDULER_INTERVAL_S", 5, minimum=1, maximum=3600)
+# Limits a new private workspace gets; admins change them per workspace.
+PORTAL_PRIVATE_GPU_QUOTA = env_str("PORTAL_PRIVATE_GPU_QUOTA", "h100=1")
+PORTAL_PRIVATE_MAX_INSTANCES = env_int("PORTAL_PRIVATE_MAX_INSTANCES", 2, minimum=0)
+PORTAL_PRIVATE_MAX_NOTEBOOKS = env_int("PORTAL_PRIVATE_MAX_NOTEBOOKS", 2, minimum=0)
+PORTAL_PRIVATE_CPU_CORES = env_int("PORTAL_PRIVATE_CPU_CORES", 16, minimum=0)
+PORTAL_PRIVATE_MEMORY_GB = env_int("PORTAL_PRIVATE_MEMORY_GB", 64, minimum=0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
