@@ -1,0 +1,52 @@
+# Starts the real services the test suite needs where they are not already running:
+# PostgreSQL and Redis on 127.0.0.1. Installs them from Debian's packages when they are absent.
+# Idempotent; safe on a developer machine and in CI.
+
+APT_UPDATED=""
+apt_install() {
+  if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    echo "Missing $*: install it (sudo apt-get install $*) or start it on 127.0.0.1." >&2
+    return 1
+  fi
+  if [ -z "$APT_UPDATED" ]; then apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+as_postgres() {
+  if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
+    (cd / && runuser -u postgres -- "$@")
+  else
+    "$@" -h 127.0.0.1 -U postgres
+  fi
+}
+
+ensure_postgres() {
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+      echo "Installing PostgreSQL..."
+      apt_install postgresql
+    fi
+    local version
+    version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+    echo "Starting PostgreSQL $version..."
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>/dev/null ||
+      pg_ctlcluster "$version" main start
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+  fi
+  # A role for the suite, with CREATEDB so pytest-django can make its test databases.
+  as_postgres psql -qAtc "SELECT 1 FROM pg_roles WHERE rolname='gpuportal'" postgres | grep -q 1 ||
+    as_postgres psql -qc "CREATE ROLE gpuportal LOGIN CREATEDB PASSWORD 'gpuportal'" postgres
+}
+
+ensure_redis() {
+  if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
+    if ! command -v redis-server >/dev/null 2>&1; then
+      echo "Installing Redis..."
+      apt_install redis-server
+    fi
+    echo "Starting Redis..."
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+      --dir /tmp --logfile /tmp/gpuportal-redis.log
+    for _ in $(seq 1 30); do (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && break; sleep 0.5; done
+  fi
+}

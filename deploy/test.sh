@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real PostgreSQL and Redis (started here if they are not
+# running), plus lint, types, migrations and the production settings check.
+# Extra arguments go to pytest, e.g. deploy/test.sh -k scheduler.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$ROOT/deploy/services.sh"
+ensure_venv
+ensure_postgres
+ensure_redis
+cd "$ROOT"
+
+export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpuportal:gpuportal@127.0.0.1:5432/gpuportal}"
+export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"
+export PORTAL_DATA_DIR="${PORTAL_DATA_DIR:-$(mktemp -d /tmp/gpuportal-test.XXXXXX)}"
+PY="$VENV/bin/python"
+
+echo "== lint and types"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+"$VENV/bin/mypy"
+
+echo "== migrations are up to date"
+"$PY" manage.py makemigrations --check --dry-run
+
+echo "== production settings pass the deployment checks"
+PORTAL_ENV=production SECRET_KEY="$(head -c 48 /dev/urandom | base64)" ALLOWED_HOSTS=portal.example.org \
+  "$PY" manage.py check --deploy --fail-level WARNING
+
+echo "== tests"
+"$PY" -m pytest -n 2 "$@"

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.personas import World, make_world
+
+
+@pytest.fixture(autouse=True)
+def _scheduler_runs_inline(settings: Any) -> None:
+    """Actions run their scheduling cycle in-process on commit: deterministic tests."""
+    settings.PORTAL_SCHEDULER_TRIGGER = "inline"
+
+
+@pytest.fixture
+def world(db: None) -> World:
+    return make_world()
+
+
+@pytest.fixture
+def tx_world(transactional_db: None) -> World:
+    """The same world, committed, for tests that use other threads or processes."""
+    return make_world()
