@@ -22,3 +22,10 @@ def world(db: None) -> World:
 def tx_world(transactional_db: None) -> World:
     """The same world, committed, for tests that use other threads or processes."""
     return make_world()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from django.conf import settings
+
+    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
+        pytest.exit("The suite runs on PostgreSQL: use deploy/test.sh, or set DATABASE_URL.", returncode=2)

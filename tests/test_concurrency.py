@@ -1,0 +1,33 @@
+"""Hard limits hold under concurrent requests: the workspace row is locked while counting."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from rest_framework.authtoken.models import Token
+
+from apps.compute.models import Instance
+from tests.personas import World
+
+
+def test_it_accepts_exactly_max_instances_of_20_parallel_launches(tx_world: World, live_server) -> None:
+    assert tx_world.team_a.max_instances == 3
+    headers = {"Authorization": f"Token {Token.objects.create(user=tx_world.alice).key}"}
+
+    def launch(n: int) -> requests.Response:
+        body = {"workspace": "team-a", "name": f"box-{n}", "profile": "cpu-small"}
+        return requests.post(f"{live_server.url}/api/v1/instances/", json=body, headers=headers, timeout=60)
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        responses = list(pool.map(launch, range(20)))
+
+    accepted = [r for r in responses if r.status_code == 201]
+    refused = [r for r in responses if r.status_code == 409]
+    assert len(accepted) == 3, [r.status_code for r in responses]
+    assert len(refused) == 17
+    for response in refused:
+        error = response.json()["error"]
+        assert error["code"] == "limit_exceeded"
+        assert "already has 3 instances, its limit" in error["message"]
+    assert Instance.objects.filter(workspace=tx_world.team_a).count() == 3

@@ -1,0 +1,120 @@
+"""The README's first command: the embedded portal starts, answers, and stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids whose environment mentions `marker` (the run's private data directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+class EmbeddedPortal:
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.port = _free_port()
+        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"}}
+        env.update(PORTAL_DATA_DIR=str(data_dir), PORTAL_PORT=str(self.port))
+        self.process = subprocess.Popen(
+            ["bash", "deploy/run.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.output: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            if "GPU Portal is running at" in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float = 180) -> str:
+        assert self.ready.wait(timeout_s), "".join(self.output)
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        return self.process.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> None:
+    data_dir = tmp_path / "portal-data"
+    portal = EmbeddedPortal(data_dir)
+    try:
+        url = portal.wait_ready()
+        output = "".join(portal.output)
+        assert f"GPU Portal is running at {url}" in output
+        password = re.search(r"Login: admin / (\S+)", output)
+        assert password, output
+
+        assert requests.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+        assert requests.get(f"{url}/api/schema/", timeout=30).status_code == 200
+        token = requests.post(
+            f"{url}/api/v1/auth/token/", json={"username": "admin", "password": password.group(1)}, timeout=10
+        ).json()["token"]
+        headers = {"Authorization": f"Token {token}"}
+        profiles = requests.get(f"{url}/api/v1/compute-profiles/", headers=headers, timeout=10).json()
+        assert profiles["count"] == 5
+        notebooks = requests.get(f"{url}/api/v1/notebook-profiles/", headers=headers, timeout=10).json()
+        assert {p["name"] for p in notebooks["results"]} == {"minimal", "data-science", "spark", "tensorflow"}
+        gpus = requests.get(f"{url}/api/v1/gpus/", headers=headers, timeout=10).json()
+        assert gpus["count"] >= 1
+
+        # A job submitted over HTTP is admitted by the worker and scheduler processes.
+        job = requests.post(
+            f"{url}/api/v1/jobs/",
+            json={"workspace": "admin", "name": "hello", "command": "echo hi", "gpu_type": "h100",
+                  "gpus_per_replica": "1"},  # fmt: skip
+            headers=headers,
+            timeout=10,
+        )
+        assert job.status_code == 201, job.text
+        deadline = time.monotonic() + 30
+        state = job.json()["state"]
+        while state == "QUEUED" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = requests.get(f"{url}/api/v1/jobs/{job.json()['id']}/", headers=headers, timeout=10).json()["state"]
+        assert state == "ADMITTED"
+    finally:
+        code = portal.stop()
+    assert code == 0, "".join(portal.output)
+    assert _processes_with(str(data_dir)) == []
+
+    # Running it again is safe: same data, no new admin password for a used account is needed.
+    again = EmbeddedPortal(data_dir)
+    try:
+        url = again.wait_ready()
+        assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
+    finally:
+        assert again.stop() == 0
+    assert _processes_with(str(data_dir)) == []
