@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 
 from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.workspaces.models import Workspace
 
 
 def do_save_user(user: Any, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Any:
@@ -63,6 +64,10 @@ def do_save_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM, **
 
 
 def do_delete_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
+    """Delete a group that no workspace is assigned to (a team workspace needs its group)."""
+    assigned = sorted(Workspace.objects.filter(assigned_group=group).values_list("name", flat=True))
+    if assigned:
+        raise Conflict(f"Group {group.name} is assigned to workspace {', '.join(assigned)}; reassign it first.")
     with transaction.atomic():
         do_log_event("group.delete", group, acting_user=acting_user, origin=origin)
         group.delete()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -71,6 +72,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(_body(exc.status_code, exc.code, exc.message, fields), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    if isinstance(exc, RequestDataTooBig):  # Django's own limit, met before the parser's
+        exc = exceptions.ParseError(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KiB.")
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

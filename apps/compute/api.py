@@ -90,6 +90,10 @@ class InstanceViewSet(TenantViewSet):
 
 
 class InstanceRefField(serializers.PrimaryKeyRelatedField):
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("pk_field", serializers.IntegerField())  # else the ORM reads 1.5 as instance 1
+        super().__init__(**kwargs)
+
     def get_queryset(self) -> Any:
         return restrict(Instance.objects.all(), self.context["request"].user)
 

@@ -52,9 +52,10 @@ class ClusterViewSet(PortalViewSet):
     ordering_fields = ["name"]
 
     def get_queryset(self) -> Any:
+        # Aggregates drop Meta.ordering: order again, or pages may overlap.
         return Cluster.objects.annotate(
             gpu_count=Count("pools__nodes__gpus", distinct=True), node_count=Count("pools__nodes", distinct=True)
-        )
+        ).order_by("name")
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.instance = actions.do_save_cluster(Cluster(), serializer.validated_data, **self.action_kwargs())
@@ -126,7 +127,11 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name"]
 
     def get_queryset(self) -> Any:
-        return Node.objects.select_related("pool__cluster").annotate(gpu_count=Count("gpus"))
+        return (
+            Node.objects.select_related("pool__cluster")
+            .annotate(gpu_count=Count("gpus"))
+            .order_by("pool__cluster__name", "name")  # aggregates drop Meta.ordering
+        )
 
 
 class GPUViewSet(viewsets.ReadOnlyModelViewSet):

@@ -6,11 +6,12 @@ found (404), so a user learns nothing about other tenants' objects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
-from apps.workspaces.models import ROLE_RANK, Role, Workspace
+from apps.workspaces.models import ROLE_RANK, Membership, Role, Workspace
 
 M = TypeVar("M", bound=Model)
 
@@ -57,6 +58,25 @@ def role_in(user: Any, workspace: Workspace) -> str | None:
     if not roles:
         return None
     return max(roles, key=lambda r: ROLE_RANK[Role(r)])
+
+
+def roles_in(user: Any, ids: Iterable[int]) -> dict[int, str | None]:
+    """`role_in()` for the workspaces with these ids, in three queries: for lists."""
+    held: dict[int, set[str]] = {pk: set() for pk in ids}
+    if not getattr(user, "is_authenticated", False):
+        return dict.fromkeys(held)
+    if user.is_staff:
+        return dict.fromkeys(held, Role.OWNER)
+    for pk, role in Membership.objects.filter(user=user, workspace_id__in=held).values_list("workspace_id", "role"):
+        held[pk].add(role)
+    groups = set(user.groups.values_list("pk", flat=True))
+    assignees = Workspace.objects.filter(pk__in=held).values_list("pk", "assigned_user_id", "assigned_group_id")
+    for pk, assigned_user, assigned_group in assignees:
+        if assigned_user == user.pk:
+            held[pk].add(Role.OWNER)
+        elif assigned_group in groups:
+            held[pk].add(Role.MEMBER)
+    return {pk: max(roles, key=lambda r: ROLE_RANK[Role(r)]) if roles else None for pk, roles in held.items()}
 
 
 def can(user: Any, workspace: Workspace, role: str) -> bool:

@@ -16,7 +16,7 @@ from apps.catalog.models import ComputeProfile
 from apps.compute.models import Instance
 from apps.jobs.models import Job
 from apps.workspaces import actions
-from apps.workspaces.access import MANAGE, restrict, role_in
+from apps.workspaces.access import MANAGE, restrict, role_in, roles_in
 from apps.workspaces.models import Cohort, GPUQuota, Membership, Workspace
 
 User = get_user_model()
@@ -95,7 +95,8 @@ class WorkspaceSerializer(serializers.ModelSerializer):
         return GPUQuotaSerializer(quotas, many=True, context=self.context).data  # type: ignore[return-value]
 
     def get_my_role(self, workspace: Workspace) -> str | None:
-        return role_in(self.context["request"].user, workspace)
+        roles = self.context.get("roles", {})
+        return roles[workspace.pk] if workspace.pk in roles else role_in(self.context["request"].user, workspace)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         kind = attrs.get("assignee_kind", getattr(self.instance, "assignee_kind", ""))
@@ -137,6 +138,7 @@ class WorkspaceViewSet(TenantViewSet):
         context = super().get_serializer_context()
         ids = list(self.get_queryset().values_list("pk", flat=True)[:500]) if self.request else []
         context["in_use"] = gpus_in_use(ids)
+        context["roles"] = roles_in(self.request.user, ids) if self.request else {}
         return context
 
     def workspace_of(self, obj: Any) -> Workspace:
@@ -269,7 +271,7 @@ class CohortViewSet(PortalViewSet):
     ordering_fields = ["name"]
 
     def get_queryset(self) -> Any:
-        visible = restrict(Workspace.objects.all(), self.request.user).only("name").order_by("name")
+        visible = restrict(Workspace.objects.all(), self.request.user).only("name", "cohort_id").order_by("name")
         cohorts = Cohort.objects.prefetch_related(Prefetch("workspaces", queryset=visible))
         if self.request.user.is_staff:
             return cohorts

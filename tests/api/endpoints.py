@@ -1,0 +1,315 @@
+"""Every API endpoint in one table: how to make one of its objects, who may do what, valid bodies.
+
+test_isolation runs the tenancy checks over every row and test_malformed sends garbage to every
+write route a row names. `test_it_has_a_row_for_every_endpoint` keeps the table in step with the
+router, so a new endpoint is covered by adding one line here.
+
+Personas, weakest first (see tests/personas.py): victor views team-a, bob is a member of it
+through its group, alice owns it, admin is a platform admin. charlie is in team-b.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+
+from apps.accounts.actions import do_save_group, do_save_user
+from apps.audit.actions import do_log_event
+from apps.catalog.actions import do_save_profile
+from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.compute.actions import check_launch_instance, check_launch_notebook
+from apps.compute.models import Instance, Notebook
+from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
+from apps.inventory.discovery import parse_declared
+from apps.inventory.models import GPU, Cluster, Node
+from apps.jobs.actions import check_submit_job
+from apps.jobs.models import Job
+from apps.workspaces.actions import (
+    do_create_workspace,
+    do_save_cohort,
+    do_set_gpu_quota,
+    do_set_membership,
+    do_update_workspace,
+)
+from apps.workspaces.models import Cohort, Role, Workspace
+from tests.personas import World
+
+PERSONAS = ("victor", "bob", "alice", "admin")
+
+
+def rank(persona: str) -> int:
+    return PERSONAS.index(persona)
+
+
+def user_of(world: World, persona: str) -> Any:
+    return getattr(world, persona)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One router-registered endpoint.
+
+    `obj(world, workspace)` makes an object of the endpoint in `workspace` through the actions
+    (shared endpoints ignore the workspace). `*_by` name the weakest persona allowed to do it to
+    team-a's object; everyone weaker is refused. `tenant`: objects belong to a workspace, and
+    another tenant's are not found on any route. `hidden(world)` makes a shared object alice may
+    not see. `more(world, rows)` adds one listed row per number in `rows` for the list query test.
+    """
+
+    prefix: str
+    obj: Callable[[World, Workspace], Any]
+    lookup: str = "pk"
+    tenant: bool = True
+    hidden: Callable[[World], Any] | None = None
+    read_by: str = "victor"
+    create: Callable[[World, Workspace], dict[str, Any]] | None = None
+    create_by: str = "bob"
+    patch: dict[str, Any] | None = None
+    change_by: str = "bob"
+    delete: bool = False
+    delete_by: str = "bob"
+    actions: tuple[str, ...] = ()
+    more: Callable[[World, range], None] | None = None
+
+    def __str__(self) -> str:
+        return self.prefix
+
+    @property
+    def list_url(self) -> str:
+        return f"/api/v1/{self.prefix}/"
+
+    @property
+    def key(self) -> str:
+        """The key of the lookup value in a response."""
+        return "id" if self.lookup == "pk" else self.lookup
+
+    def detail_url(self, obj: Any) -> str:
+        return f"/api/v1/{self.prefix}/{getattr(obj, self.lookup)}/"
+
+    def missing_url(self) -> str:
+        return f"/api/v1/{self.prefix}/{'987654321' if self.lookup == 'pk' else 'no-such-thing'}/"
+
+    def hidden_object(self, world: World) -> Any | None:
+        if self.hidden is not None:
+            return self.hidden(world)
+        return self.obj(world, world.team_b) if self.tenant else None
+
+    def writes(self, obj: Any, create: dict[str, Any] | None = None) -> list[Write]:
+        """Every write route on `obj`, and creating with the body `create` if one is given."""
+        url = self.detail_url(obj)
+        routes = [Write("POST", "post", self.list_url, create, self.create_by)] if create is not None else []
+        routes += [Write(f"POST {name}", "post", f"{url}{name}/", None, self.change_by) for name in self.actions]
+        if self.patch is not None:
+            routes.append(Write("PATCH", "patch", url, self.patch, self.change_by))
+        if self.delete:
+            routes.append(Write("DELETE", "delete", url, None, self.delete_by))
+        return routes
+
+
+class Write(NamedTuple):
+    label: str
+    method: str
+    url: str
+    body: dict[str, Any] | None
+    writer: str  # the weakest persona allowed to send it
+
+
+def acting(world: World, workspace: Workspace) -> Any:
+    """Someone who may change things in the workspace."""
+    return {world.team_a.pk: world.alice, world.team_b.pk: world.charlie}.get(workspace.pk, world.admin)
+
+
+def group(name: str) -> Group:
+    return Group.objects.get(name=name)
+
+
+# --- Objects, made through the actions ---------------------------------------------------------
+
+
+def instance(world: World, workspace: Workspace, name: str = "box") -> Instance:
+    return check_launch_instance(workspace, name=name, profile=world.cpu_small, acting_user=acting(world, workspace))
+
+
+def notebook(world: World, workspace: Workspace, name: str = "nb") -> Notebook:
+    host = Instance.objects.filter(workspace=workspace, name="nb-host", state__in=Instance.LIVE_STATES).first()
+    return check_launch_notebook(
+        workspace,
+        instance=host or instance(world, workspace, "nb-host"),
+        name=name,
+        profile=world.minimal,
+        acting_user=acting(world, workspace),
+    )
+
+
+def job(world: World, workspace: Workspace, name: str = "train") -> Job:
+    return check_submit_job(workspace, name=name, command="python train.py", acting_user=acting(world, workspace))
+
+
+def membership(world: World, workspace: Workspace) -> Any:
+    guest = do_save_user(get_user_model()(), username=f"guest-of-{workspace.name}", acting_user=world.admin)
+    return do_set_membership(workspace, guest, Role.MEMBER, acting_user=world.admin)
+
+
+def quota(world: World, workspace: Workspace) -> Any:
+    return do_set_gpu_quota(workspace, "a100", gpus=Decimal("2"), acting_user=world.admin)
+
+
+def event(world: World, workspace: Workspace) -> Any:
+    return do_log_event("test.event", workspace, acting_user=acting(world, workspace), workspace=workspace)
+
+
+def cohort(world: World, workspace: Workspace, name: str = "") -> Cohort:
+    made = do_save_cohort(None, name=name or f"cohort-{workspace.name}", acting_user=world.admin)
+    do_update_workspace(workspace, cohort=made, acting_user=world.admin)
+    return made
+
+
+def reviewers(world: World) -> Group:
+    made = do_save_group(Group(), name="reviewers", acting_user=world.admin)
+    do_save_user(world.bob, groups=[group("team-a"), made], acting_user=world.admin)
+    return made
+
+
+def team_b_profile(model: type[ComputeProfile] | type[NotebookProfile], **fields: Any) -> Callable[[World], Any]:
+    def make(world: World) -> Any:
+        return do_save_profile(
+            model(), name="team-b-only", published=True, visible_to=[group("team-b")], acting_user=world.admin, **fields
+        )
+
+    return make
+
+
+# --- More rows, for the list query counts ------------------------------------------------------
+
+
+def shared_workspace(world: World, name: str) -> Workspace:
+    """A workspace alice is a member of."""
+    workspace = do_create_workspace(name=name, acting_user=world.admin)
+    do_set_membership(workspace, world.alice, Role.MEMBER, acting_user=world.admin)
+    do_set_gpu_quota(workspace, "h100", gpus=Decimal("1"), acting_user=world.admin)
+    return workspace
+
+
+def more_workspaces(world: World, rows: range) -> None:
+    for i in rows:
+        shared_workspace(world, f"ws-{i}")
+
+
+def more_instances(world: World, rows: range) -> None:
+    do_update_workspace(world.team_a, max_instances=100, acting_user=world.admin)
+    for i in rows:
+        instance(world, world.team_a, f"box-{i}")
+
+
+def more_notebooks(world: World, rows: range) -> None:
+    do_update_workspace(world.team_a, max_notebooks=100, acting_user=world.admin)
+    for i in rows:
+        notebook(world, world.team_a, f"nb-{i}")
+
+
+def more_jobs(world: World, rows: range) -> None:
+    for i in rows:
+        job(world, world.team_a, f"job-{i}")
+
+
+def more_quotas(world: World, rows: range) -> None:
+    for i in rows:
+        do_set_gpu_quota(world.team_a, f"gpu-{i}", gpus=Decimal("1"), acting_user=world.admin)
+
+
+def more_events(world: World, rows: range) -> None:
+    for _ in rows:
+        event(world, world.team_a)
+
+
+def more_cohorts(world: World, rows: range) -> None:
+    for i in rows:
+        cohort(world, shared_workspace(world, f"ws-{i}"), f"cohort-{i}")
+
+
+def more_profiles(model: type[ComputeProfile] | type[NotebookProfile], **fields: Any) -> Callable[[World, range], None]:
+    def more(world: World, rows: range) -> None:
+        for i in rows:
+            do_save_profile(
+                model(), name=f"p-{i}", published=True, visible_to=[group("team-a")], acting_user=world.admin, **fields
+            )
+
+    return more
+
+
+def more_clusters(world: World, rows: range) -> None:
+    for i in rows:
+        do_save_cluster(Cluster(), {"name": f"slurm-{i}", "kind": Cluster.Kind.SLURM}, acting_user=world.admin)
+
+
+def more_gpus(world: World, rows: range) -> None:
+    do_sync_local_cluster(parse_declared(f"{rows.stop}xh100"))
+
+
+def more_users(world: World, rows: range) -> None:
+    for i in rows:
+        do_save_user(get_user_model()(), username=f"user-{i}", groups=[group("team-a")], acting_user=world.admin)
+
+
+def more_groups(world: World, rows: range) -> None:
+    for i in rows:
+        made = do_save_group(Group(), name=f"group-{i}", acting_user=world.admin)
+        do_save_user(get_user_model()(), username=f"user-{i}", groups=[made], acting_user=world.admin)
+
+
+# --- The table ---------------------------------------------------------------------------------
+
+ENDPOINTS = [
+    Endpoint("workspaces", lambda w, ws: ws, lookup="name", create=lambda w, ws: {"name": "team-c"},
+             create_by="admin", patch={"display_name": "Team A!"}, change_by="alice", delete=True,
+             delete_by="admin", more=more_workspaces),
+    Endpoint("memberships", membership,
+             create=lambda w, ws: {"workspace": ws.name, "user": "charlie", "role": "viewer"}, create_by="alice",
+             patch={"role": "viewer"}, change_by="alice", delete=True, delete_by="alice", more=more_workspaces),
+    Endpoint("quotas", quota, create=lambda w, ws: {"workspace": ws.name, "gpu_type": "l4", "gpus": "1.00"},
+             create_by="admin", patch={"gpus": "3.00"}, change_by="admin", delete=True, delete_by="admin",
+             more=more_quotas),
+    Endpoint("cohorts", cohort, lookup="name", tenant=False, hidden=lambda w: cohort(w, w.team_b),
+             create=lambda w, ws: {"name": "cohort-new"}, create_by="admin", patch={"description": "Lenders"},
+             change_by="admin", delete=True, delete_by="admin", more=more_cohorts),
+    Endpoint("compute-profiles", lambda w, ws: w.gpu_1, lookup="name", tenant=False,
+             hidden=team_b_profile(ComputeProfile, cpu_cores=1, memory_gb=1),
+             create=lambda w, ws: {"name": "big", "gpu_type": "h100", "gpu_count": "2.00", "cpu_cores": 16},
+             create_by="admin", patch={"description": "One H100"}, change_by="admin", delete=True,
+             delete_by="admin", more=more_profiles(ComputeProfile, cpu_cores=1, memory_gb=1)),
+    Endpoint("notebook-profiles", lambda w, ws: w.minimal, lookup="name", tenant=False,
+             hidden=team_b_profile(NotebookProfile, image="quay.io/jupyter/base-notebook"),
+             create=lambda w, ws: {"name": "torch", "image": "quay.io/jupyter/pytorch-notebook"},
+             create_by="admin", patch={"python_packages": ["jupyterlab", "torch"]}, change_by="admin", delete=True,
+             delete_by="admin", more=more_profiles(NotebookProfile, image="quay.io/jupyter/base-notebook")),
+    Endpoint("instances", instance, create=lambda w, ws: {"workspace": ws.name, "name": "box-2", "profile": "gpu-1"},
+             patch={"description": "Tuning"}, delete=True, more=more_instances),
+    Endpoint("notebooks", notebook,
+             create=lambda w, ws: {"instance": instance(w, ws, "host-2").pk, "name": "nb-2", "profile": "minimal"},
+             patch={"description": "Plots"}, delete=True, more=more_notebooks),
+    Endpoint("jobs", job, create=lambda w, ws: {"workspace": ws.name, "name": "train-2", "command": "python t.py",
+                                                 "gpu_type": "h100", "gpus_per_replica": "0.50", "replicas": 2},
+             actions=("cancel",), more=more_jobs),
+    Endpoint("clusters", lambda w, ws: Cluster.objects.get(name="local"), lookup="name", tenant=False,
+             create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
+             create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",
+             actions=("discover",), more=more_clusters),
+    Endpoint("nodes", lambda w, ws: Node.objects.get(), tenant=False),
+    Endpoint("gpus", lambda w, ws: GPU.objects.order_by("index").first(), tenant=False, more=more_gpus),
+    Endpoint("audit-events", event, more=more_events),
+    Endpoint("users", lambda w, ws: w.bob, lookup="username", tenant=False, read_by="admin",
+             create=lambda w, ws: {"username": "newbie", "email": "newbie@example.org", "groups": ["team-a"]},
+             create_by="admin", patch={"first_name": "Bobby"}, change_by="admin", delete=True, delete_by="admin",
+             more=more_users),
+    Endpoint("groups", lambda w, ws: reviewers(w), lookup="name", tenant=False, read_by="admin",
+             create=lambda w, ws: {"name": "team-c"}, create_by="admin", patch={"name": "team-a2"},
+             change_by="admin", delete=True, delete_by="admin", more=more_groups),
+]  # fmt: skip
+
+# API routes outside the router: who you are, and the one route open without signing in.
+OTHER_ROUTES = {"me/": "GET", "auth/token/": "POST"}
