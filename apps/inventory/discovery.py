@@ -24,7 +24,11 @@ KNOWN_TYPES: dict[str, tuple[str, int, str]] = {
 _ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
                   9: "Hopper", 10: "Blackwell"}  # fmt: skip
 
-_DECLARED_RE = re.compile(r"^(\d+)x([a-z0-9][-a-z0-9]{0,30})$")
+# COUNTxTYPE, where TYPE is a valid GPU type name (apps.names.GPU_TYPE_RE).
+_DECLARED_RE = re.compile(r"^(\d+)x([a-z0-9](?:[-a-z0-9]{0,30}[a-z0-9])?)$")
+
+# Words that name a family, not a model: 'RTX 4090' and 'RTX A6000' are different GPUs.
+_FAMILIES = ("rtx", "gtx", "titan")
 
 
 @dataclass(frozen=True)
@@ -39,14 +43,15 @@ class GPUInfo:
 
 
 def gpu_type_from_model(model: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'Tesla T4' -> 't4'."""
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'Tesla T4' -> 't4'; 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
     words = re.sub(r"^(nvidia|tesla|geforce|quadro)\s+", "", model.strip().lower())
     words = re.sub(r"^(nvidia|tesla|geforce|quadro)\s+", "", words)
-    first = re.split(r"[\s_]+", words)[0] if words else "gpu"
+    parts = re.split(r"[\s_]+", words) if words else ["gpu"]
+    first = "-".join(parts[:2]) if parts[0] in _FAMILIES else parts[0]
     for known in sorted(KNOWN_TYPES, key=len, reverse=True):
-        if first.startswith(known):
+        if re.match(rf"{known}(?![a-z0-9])", first):  # 'l40' is not an 'l4'
             return known
-    return re.sub(r"[^a-z0-9-]+", "-", first).strip("-")[:32] or "gpu"
+    return re.sub(r"[^a-z0-9-]+", "-", first)[:32].strip("-") or "gpu"
 
 
 def parse_declared(spec: str) -> list[GPUInfo]:

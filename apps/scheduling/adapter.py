@@ -38,7 +38,7 @@ def _key(row: Instance | Job) -> str:
 def _as_workload(row: Instance | Job) -> engine.Workload:
     return engine.Workload(
         key=_key(row),
-        workspace=str(row.workspace_id),
+        workspace=row.workspace.name,
         gpu_type=row.gpu_type,
         gpus_per_replica=row.gpus_per_replica,
         replicas=row.replicas,
@@ -72,27 +72,22 @@ def _load_workspaces() -> tuple[engine.WorkspaceInfo, ...]:
         quotas.setdefault(q.workspace_id, []).append(
             engine.Quota(q.gpu_type, q.gpus, q.borrowing_limit, q.lending_limit)
         )
+    # Names, not ids: the engine's reasons name the workspace and cohort to the user.
     return tuple(
-        engine.WorkspaceInfo(
-            name=str(pk),
-            quotas=tuple(quotas.get(pk, ())),
-            cohort=str(cohort) if cohort else None,
-            can_borrow=can_borrow,
-        )
-        for pk, cohort, can_borrow in Workspace.objects.values_list("pk", "cohort_id", "can_borrow")
+        engine.WorkspaceInfo(name=name, quotas=tuple(quotas.get(pk, ())), cohort=cohort, can_borrow=can_borrow)
+        for pk, name, cohort, can_borrow in Workspace.objects.values_list("pk", "name", "cohort__name", "can_borrow")
     )
 
 
 def load_snapshot() -> tuple[engine.Snapshot, dict[str, Instance | Job], dict[tuple[int, int], int]]:
+    instances, jobs = Instance.objects.select_related("workspace"), Job.objects.select_related("workspace")
     pending_rows: list[Instance | Job] = [
-        *Instance.objects.filter(state=Instance.State.QUEUED),
-        *Job.objects.filter(state=Job.State.QUEUED),
+        *instances.filter(state=Instance.State.QUEUED),
+        *jobs.filter(state=Job.State.QUEUED),
     ]
     running_rows: list[Instance | Job] = [
-        *Instance.objects.filter(
-            state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]
-        ),
-        *Job.objects.filter(state__in=[Job.State.ADMITTED, Job.State.RUNNING]),
+        *instances.filter(state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]),
+        *jobs.filter(state__in=[Job.State.ADMITTED, Job.State.RUNNING]),
     ]
     nodes, gpu_lookup = _load_nodes()
     snapshot = engine.Snapshot(

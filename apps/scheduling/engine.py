@@ -128,12 +128,12 @@ class _Ledger:
             if quota.lending_limit is not None:
                 idle = min(idle, quota.lending_limit)
             total += idle
-        # GPUs already borrowed by cohort members come out of what is left to lend.
+        # GPUs already borrowed by cohort members, the borrower included, come out of what is left to lend.
         borrowed = sum(
             (
                 max(ZERO, self.used[ws.name, gpu_type] - ws.quota(gpu_type).nominal)
                 for ws in self.workspaces.values()
-                if ws.cohort == cohort and ws.name != borrower
+                if ws.cohort == cohort
             ),
             ZERO,
         )

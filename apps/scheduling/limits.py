@@ -43,7 +43,9 @@ def most_gpus_on_one_node(gpu_type: str) -> int:
 def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     """The most GPUs of a type the workspace could ever hold at once, and how that is made up."""
     quota = GPUQuota.objects.filter(workspace=workspace, gpu_type=gpu_type).first()
-    nominal = quota.gpus if quota else Decimal("0")
+    if quota is None:  # the engine gives a type without a quota row nothing, borrowed or not
+        return Decimal("0"), f"no {gpu_type} quota"
+    nominal = quota.gpus
     if not workspace.can_borrow or workspace.cohort_id is None:
         return nominal, f"{_fmt(nominal)} nominal, no borrowing"
     cohort = GPUQuota.objects.filter(workspace__cohort_id=workspace.cohort_id, gpu_type=gpu_type).exclude(
@@ -52,7 +54,7 @@ def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     lendable = sum(
         (min(q.gpus, q.lending_limit) if q.lending_limit is not None else q.gpus for q in cohort), Decimal("0")
     )
-    if quota and quota.borrowing_limit is not None:
+    if quota.borrowing_limit is not None:
         lendable = min(lendable, quota.borrowing_limit)
     return nominal + lendable, f"{_fmt(nominal)} nominal + {_fmt(lendable)} borrowable"
 

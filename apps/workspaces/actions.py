@@ -25,14 +25,14 @@ def parse_gpu_quota(spec: str) -> dict[str, Decimal]:
             value = Decimal(count)
         except InvalidOperation:
             raise ValueError(f"{item!r}: expected TYPE=COUNT, e.g. h100=2") from None
-        if not GPU_TYPE_RE.match(gpu_type) or value < 0:
+        if not GPU_TYPE_RE.match(gpu_type) or not value.is_finite() or value < 0:
             raise ValueError(f"{item!r}: expected TYPE=COUNT, e.g. h100=2")
         quotas[gpu_type] = value
     return quotas
 
 
 def _private_name(username: str) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", username.lower()).strip("-")[:50] or "user"
+    base = re.sub(r"[^a-z0-9-]+", "-", username.lower())[:50].strip("-") or "user"
     name, n = base, 1
     while Workspace.objects.filter(name=name).exists():
         n += 1
