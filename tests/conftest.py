@@ -13,6 +13,12 @@ def _scheduler_runs_inline(settings: Any) -> None:
     settings.PORTAL_SCHEDULER_TRIGGER = "inline"
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """The personas' passwords need not resist cracking here; PBKDF2 would dominate each test's setup."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def world(db: None) -> World:
     return make_world()

@@ -93,8 +93,13 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         # A job submitted over HTTP is admitted by the worker and scheduler processes.
         job = requests.post(
             f"{url}/api/v1/jobs/",
-            json={"workspace": "admin", "name": "hello", "command": "echo hi", "gpu_type": "h100",
-                  "gpus_per_replica": "1"},  # fmt: skip
+            json={
+                "workspace": "admin",
+                "name": "hello",
+                "command": "echo hi",
+                "gpu_type": "h100",
+                "gpus_per_replica": "1",
+            },  # fmt: skip
             headers=headers,
             timeout=10,
         )

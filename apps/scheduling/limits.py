@@ -31,13 +31,24 @@ def check_gpu_shape(gpus_per_replica: Decimal, field: str = "gpus_per_replica") 
         )
 
 
-def most_gpus_on_one_node(gpu_type: str) -> int:
+def gpus_per_node(gpu_type: str) -> dict[int, list[int]]:
+    """For each enabled cluster, the number of `gpu_type` GPUs on each of its ready nodes."""
     per_node = Counter(
         GPU.objects.filter(
             gpu_type=gpu_type, node__state=Node.State.READY, node__pool__cluster__enabled=True
-        ).values_list("node_id", flat=True)
+        ).values_list("node__pool__cluster_id", "node_id")
     )
-    return max(per_node.values(), default=0)
+    clusters: dict[int, list[int]] = {}
+    for (cluster_id, _), count in per_node.items():
+        clusters.setdefault(cluster_id, []).append(count)
+    return clusters
+
+
+def replica_slots(node_sizes: list[int], gpus_per_replica: Decimal) -> int:
+    """How many replicas of this size a cluster could hold at once when empty."""
+    if gpus_per_replica < ONE:
+        return sum(size * int(ONE / gpus_per_replica) for size in node_sizes)
+    return sum(size // int(gpus_per_replica) for size in node_sizes)
 
 
 def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
@@ -99,7 +110,8 @@ def check_request_size(
             f"than {_fmt(ceiling)} ({how}).",
             field="gpus_per_replica",
         )
-    largest = most_gpus_on_one_node(gpu_type)
+    clusters = gpus_per_node(gpu_type)
+    largest = max((max(sizes) for sizes in clusters.values()), default=0)
     if largest == 0:
         raise LimitExceeded(f"No cluster has {gpu_type} GPUs.", field="gpu_type")
     if gpus_per_replica > largest:
@@ -107,4 +119,11 @@ def check_request_size(
             f"One replica asks for {_fmt(gpus_per_replica)} {gpu_type} GPUs, but the largest node has "
             f"{largest}; split the work into more replicas.",
             field="gpus_per_replica",
+        )
+    room = max(replica_slots(sizes, gpus_per_replica) for sizes in clusters.values())
+    if replicas > room:
+        raise LimitExceeded(
+            f"This gang asks for {replicas} replicas of {_fmt(gpus_per_replica)} {gpu_type} GPUs at once, but no "
+            f"cluster can hold more than {room} of them.",
+            field="replicas",
         )

@@ -48,16 +48,7 @@ def restrict(queryset: QuerySet[M], user: Any, role: str = VIEW, *, field: str =
 
 def role_in(user: Any, workspace: Workspace) -> str | None:
     """The user's strongest role in the workspace, or None."""
-    if not getattr(user, "is_authenticated", False):
-        return None
-    if user.is_staff or workspace.assigned_user_id == user.pk:
-        return Role.OWNER
-    roles = set(workspace.memberships.filter(user=user).values_list("role", flat=True))
-    if workspace.assigned_group_id and user.groups.filter(pk=workspace.assigned_group_id).exists():
-        roles.add(Role.MEMBER)
-    if not roles:
-        return None
-    return max(roles, key=lambda r: ROLE_RANK[Role(r)])
+    return roles_in(user, [workspace.pk])[workspace.pk]
 
 
 def roles_in(user: Any, ids: Iterable[int]) -> dict[int, str | None]:

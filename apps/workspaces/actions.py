@@ -46,6 +46,11 @@ def ensure_private_workspace(user: Any) -> Workspace:
     if existing:
         return existing
     with transaction.atomic():
+        # Two first sign-ins at once (web and CLI) must not make two workspaces: lock the user.
+        type(user).objects.select_for_update().filter(pk=user.pk).first()
+        existing = Workspace.objects.filter(kind=Workspace.Kind.PRIVATE, assigned_user=user).first()
+        if existing:
+            return existing
         workspace = Workspace.objects.create(
             name=_private_name(user.get_username()),
             display_name=f"{user.get_username()}'s workspace",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from apps.api.errors import ActionError, Conflict, LimitExceeded
-from apps.inventory.models import Allocation
+from apps.inventory.models import GPU, Allocation, Node
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
 from apps.workspaces.models import GPUQuota, Workspace
@@ -92,14 +92,32 @@ def test_it_counts_every_replicas_cpu_and_memory(world: World) -> None:
         submit(world, replicas=3, memory_gb=700)
 
 
-def test_it_refuses_a_replica_larger_than_the_largest_node_but_takes_the_same_gpus_as_a_gang(world: World) -> None:
+def test_it_refuses_a_replica_larger_than_the_largest_node(world: World) -> None:
     GPUQuota.objects.filter(workspace=world.team_a).update(gpus=16)
     with refused(
         LimitExceeded,
         "One replica asks for 16 h100 GPUs, but the largest node has 8; split the work into more replicas.",
     ):
         submit(world, "16")
+
+
+def test_it_refuses_a_gang_no_cluster_could_hold_at_once(world: World) -> None:
+    GPUQuota.objects.filter(workspace=world.team_a).update(gpus=16)
+    with refused(
+        LimitExceeded,
+        "This gang asks for 2 replicas of 8 h100 GPUs at once, but no cluster can hold more than 1 of them.",
+        field="replicas",
+    ):
+        submit(world, "8", replicas=2)
+
+
+def test_it_takes_a_gang_that_spreads_over_two_nodes(world: World) -> None:
+    GPUQuota.objects.filter(workspace=world.team_a).update(gpus=16)
+    node = Node.objects.get()
+    second = Node.objects.create(pool=node.pool, name="node-2", cpu_cores=64, memory_gb=512)
+    GPU.objects.bulk_create(GPU(node=second, index=i, gpu_type="h100", model="NVIDIA H100") for i in range(8))
     assert submit(world, "8", replicas=2).state == Job.State.QUEUED
+    assert submit(world, "0.5", replicas=32, name="halves").state == Job.State.QUEUED
 
 
 def test_it_refuses_a_gpu_type_the_workspace_may_not_use(world: World) -> None:

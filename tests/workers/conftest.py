@@ -36,8 +36,22 @@ def celery_queue(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]
         "PORTAL_SCHEDULER_TRIGGER": "off",
     }
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "-Q", queue, "-n", f"{queue}@%h",
-         "--without-mingle", "--without-gossip", "--loglevel=WARNING"],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            queue,
+            "-n",
+            f"{queue}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel=WARNING",
+        ],  # fmt: skip
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
