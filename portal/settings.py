@@ -234,6 +234,15 @@ PORTAL_LOCAL_MEMORY_GB = env_int("PORTAL_LOCAL_MEMORY_GB", 512, minimum=1)
 # "task" queues a Celery task, "inline" runs the cycle in-process, "off" leaves it to the loop.
 PORTAL_SCHEDULER_TRIGGER = env_choice("PORTAL_SCHEDULER_TRIGGER", ("task", "inline", "off"), "task")
 PORTAL_SCHEDULER_INTERVAL_S = env_int("PORTAL_SCHEDULER_INTERVAL_S", 5, minimum=1, maximum=3600)
+# The cluster policy (docs/scheduler.md): "portal" (fair share, borrowing, preemption, backfill)
+# or "fifo" (per-workspace hard quota and FIFO queue, as most labs run today).
+PORTAL_SCHEDULER_POLICY = env_choice("PORTAL_SCHEDULER_POLICY", ("portal", "fifo"), "portal")
+PORTAL_FAIR_SHARE_HALF_LIFE_S = env_int("PORTAL_FAIR_SHARE_HALF_LIFE_S", 7 * 86400, minimum=60)
+PORTAL_PREEMPTION = env_bool("PORTAL_PREEMPTION", True)
+PORTAL_PREEMPTION_MIN_RUNTIME_S = env_int("PORTAL_PREEMPTION_MIN_RUNTIME_S", 600, minimum=0)
+PORTAL_PREEMPTION_GRACE_S = env_int("PORTAL_PREEMPTION_GRACE_S", 60, minimum=0, maximum=3600)
+PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
+PORTAL_DEFAULT_RUNTIME_S = env_int("PORTAL_DEFAULT_RUNTIME_S", 4 * 3600, minimum=60)
 # Limits a new private workspace gets; admins change them per workspace.
 PORTAL_PRIVATE_GPU_QUOTA = env_str("PORTAL_PRIVATE_GPU_QUOTA", "h100=1")
 PORTAL_PRIVATE_MAX_INSTANCES = env_int("PORTAL_PRIVATE_MAX_INSTANCES", 2, minimum=0)

@@ -120,3 +120,42 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
         request_cycle()
     return job
+
+
+def do_preempt_job(
+    job: Job, *, reason: str, grace_s: float = 0.0, acting_user: Any = None, origin: Origin = SYSTEM
+) -> Job:
+    """Evict an admitted or running job to make room for another (the scheduler's decision).
+
+    Its GPUs go back at once. A job that never started is requeued at once, keeping its place;
+    a running one stays PREEMPTED, with `grace_s` to checkpoint, until its backend has stopped it
+    and the worker requeues it.
+    """
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.state not in (Job.State.ADMITTED, Job.State.RUNNING):
+            return job
+        previous = job.state
+        Allocation.objects.filter(job=job).delete()
+        now = timezone.now()
+        job.attempt_set.filter(finished_at__isnull=True).update(finished_at=now, outcome="preempted", reason=reason)
+        if job.started_at is None:
+            job.state = Job.State.QUEUED
+            job.admitted_at = None
+            job.cluster = None
+            job.wait_reason = f"requeued after preemption: {reason}"[:500]
+        else:
+            job.state = Job.State.PREEMPTED
+            job.wait_reason = reason[:500]
+            job.backend_state = {**job.backend_state, "preempt": {"reason": reason, "grace_s": grace_s}}
+        job.save()
+        do_log_event(
+            "job.preempt",
+            job,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=job.workspace,
+            data={"reason": reason, "previous_state": previous, "grace_s": grace_s},
+        )
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
+    return job

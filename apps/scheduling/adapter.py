@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -14,8 +17,10 @@ from django.utils import timezone
 from apps.audit.actions import do_log_event
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
+from apps.jobs.actions import do_preempt_job
 from apps.jobs.models import Job
 from apps.scheduling import engine
+from apps.scheduling.models import FairShareUsage
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -24,18 +29,51 @@ logger = logging.getLogger(__name__)
 # Any fixed number: it names the advisory lock that keeps two cycles from running at once.
 _CYCLE_LOCK_ID = 7_400_113
 
+Row = Instance | Job
+
 
 @dataclass
 class CycleResult:
     admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
     pending: int = 0
 
 
-def _key(row: Instance | Job) -> str:
+def policy() -> engine.Policy:
+    """The cluster policy from settings, with each cluster's placement."""
+    return engine.Policy(
+        name=settings.PORTAL_SCHEDULER_POLICY,
+        half_life_s=float(settings.PORTAL_FAIR_SHARE_HALF_LIFE_S),
+        preemption=settings.PORTAL_PREEMPTION,
+        min_runtime_s=float(settings.PORTAL_PREEMPTION_MIN_RUNTIME_S),
+        grace_s=float(settings.PORTAL_PREEMPTION_GRACE_S),
+        starvation_s=float(settings.PORTAL_STARVATION_S),
+        default_runtime_s=float(settings.PORTAL_DEFAULT_RUNTIME_S),
+        placement_by_cluster=tuple(Cluster.objects.values_list("name", "placement")),
+    )
+
+
+def _key(row: Row) -> str:
     return f"{'job' if isinstance(row, Job) else 'instance'}:{row.pk}"
 
 
-def _as_workload(row: Instance | Job) -> engine.Workload:
+def _ts(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
+
+
+def _as_workload(row: Row, allocations: dict[str, list[Allocation]] | None = None) -> engine.Workload:
+    is_job = isinstance(row, Job)
+    placement: tuple[engine.ReplicaPlacement, ...] = ()
+    if allocations is not None:
+        replicas: dict[int, list[Allocation]] = defaultdict(list)
+        for allocation in allocations.get(_key(row), []):
+            replicas[allocation.replica].append(allocation)
+        placement = tuple(
+            engine.ReplicaPlacement(
+                f"{held[0].gpu.node_id}/{held[0].gpu.gpu_type}", tuple((a.gpu.index, a.fraction) for a in held)
+            )
+            for _, held in sorted(replicas.items())
+        )
     return engine.Workload(
         key=_key(row),
         workspace=row.workspace.name,
@@ -43,20 +81,35 @@ def _as_workload(row: Instance | Job) -> engine.Workload:
         gpus_per_replica=row.gpus_per_replica,
         replicas=row.replicas,
         priority=row.priority,
-        seq=int(row.created_at.timestamp() * 1_000_000),
+        seq=int(row.created_at.timestamp() * 1_000_000) * 10 + (1 if is_job else 0),
+        submitted_at=row.created_at.timestamp(),
+        # Interactive instances are never preempted; jobs unless their owner said so.
+        preemptible=is_job and row.preemptible,  # type: ignore[union-attr]
+        checkpointable=is_job and row.checkpointable,  # type: ignore[union-attr]
+        expected_runtime_s=float(row.max_runtime_s) if is_job and row.max_runtime_s else None,  # type: ignore[union-attr]
+        eligible_at=_ts(row.eligible_at) or 0.0,
+        started_at=_ts(row.started_at or row.admitted_at),
+        cluster=row.cluster.name if row.cluster_id else None,
+        placement=placement,
     )
 
 
 def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[tuple[int, int], int]]:
-    """Nodes as (node pk/gpu type) entries with each device's free share, and a GPU-id lookup."""
+    """Nodes as (node pk/gpu type) entries with each device's free share, and a GPU-id lookup.
+
+    Drained and down nodes come with no free share: nothing is placed there, but work that
+    needs them waits for them instead of being refused.
+    """
     used = dict(Allocation.objects.values("gpu_id").annotate(total=Sum("fraction")).values_list("gpu_id", "total"))
-    gpus = GPU.objects.filter(node__state=Node.State.READY, node__pool__cluster__enabled=True).values_list(
-        "pk", "node_id", "index", "gpu_type", "node__pool__cluster__name"
+    gpus = GPU.objects.filter(node__pool__cluster__enabled=True).values_list(
+        "pk", "node_id", "index", "gpu_type", "node__pool__cluster__name", "node__state"
     )
     devices: dict[tuple[int, str, str], list[engine.Device]] = {}
     lookup: dict[tuple[int, int], int] = {}
-    for gpu_pk, node_pk, index, gpu_type, cluster in gpus.order_by("node_id", "index"):
+    for gpu_pk, node_pk, index, gpu_type, cluster, state in gpus.order_by("node_id", "index"):
         free = max(Decimal("0"), Decimal("1") - used.get(gpu_pk, Decimal("0")))
+        if state != Node.State.READY:
+            free = Decimal("0")
         devices.setdefault((node_pk, gpu_type, cluster), []).append(engine.Device(index, free))
         lookup[node_pk, index] = gpu_pk
     nodes = tuple(
@@ -66,40 +119,86 @@ def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[tuple[int, int], in
     return nodes, lookup
 
 
-def _load_workspaces() -> tuple[engine.WorkspaceInfo, ...]:
-    quotas: dict[int, list[engine.Quota]] = {}
-    for q in GPUQuota.objects.all():
-        quotas.setdefault(q.workspace_id, []).append(
-            engine.Quota(q.gpu_type, q.gpus, q.borrowing_limit, q.lending_limit)
+def _update_history(now: datetime, half_life_s: float, running: list[Row]) -> dict[int, dict[str, float]]:
+    """Decay each workspace's past use and add what ran since the last cycle; returns it per workspace."""
+    in_use: dict[tuple[int, str], float] = defaultdict(float)
+    for row in running:
+        if row.gpus_per_replica > 0:
+            in_use[row.workspace_id, row.gpu_type] += float(row.gpus_per_replica * row.replicas)
+    rows = {(u.workspace_id, u.gpu_type): u for u in FairShareUsage.objects.select_for_update()}
+    for key in in_use.keys() - rows.keys():
+        rows[key] = FairShareUsage(workspace_id=key[0], gpu_type=key[1], gpu_seconds=0.0, updated_at=now)
+    history: dict[int, dict[str, float]] = defaultdict(dict)
+    for (workspace_id, gpu_type), usage in rows.items():
+        elapsed = max(0.0, (now - usage.updated_at).total_seconds())
+        usage.gpu_seconds = (
+            usage.gpu_seconds * 0.5 ** (elapsed / half_life_s) + in_use[workspace_id, gpu_type] * elapsed
         )
+        usage.updated_at = now
+        history[workspace_id][gpu_type] = usage.gpu_seconds
+    FairShareUsage.objects.bulk_create(
+        rows.values(),
+        update_conflicts=True,
+        unique_fields=["workspace", "gpu_type"],
+        update_fields=["gpu_seconds", "updated_at"],
+    )
+    return history
+
+
+def _load_workspaces(history: dict[int, dict[str, float]]) -> tuple[engine.WorkspaceInfo, ...]:
+    quotas: dict[int, list[engine.Quota]] = defaultdict(list)
+    for q in GPUQuota.objects.all():
+        quotas[q.workspace_id].append(engine.Quota(q.gpu_type, q.gpus, q.borrowing_limit, q.lending_limit))
     # Names, not ids: the engine's reasons name the workspace and cohort to the user.
+    rows = Workspace.objects.values_list("pk", "name", "cohort__name", "can_borrow", "fair_share_weight")
     return tuple(
-        engine.WorkspaceInfo(name=name, quotas=tuple(quotas.get(pk, ())), cohort=cohort, can_borrow=can_borrow)
-        for pk, name, cohort, can_borrow in Workspace.objects.values_list("pk", "name", "cohort__name", "can_borrow")
+        engine.WorkspaceInfo(
+            name=name,
+            quotas=tuple(quotas[pk]),
+            cohort=cohort,
+            can_borrow=can_borrow,
+            weight=float(weight),
+            history=tuple(sorted(history.get(pk, {}).items())),
+        )
+        for pk, name, cohort, can_borrow, weight in rows
     )
 
 
-def load_snapshot() -> tuple[engine.Snapshot, dict[str, Instance | Job], dict[tuple[int, int], int]]:
-    instances, jobs = Instance.objects.select_related("workspace"), Job.objects.select_related("workspace")
-    pending_rows: list[Instance | Job] = [
-        *instances.filter(state=Instance.State.QUEUED),
-        *jobs.filter(state=Job.State.QUEUED),
-    ]
-    running_rows: list[Instance | Job] = [
+@dataclass
+class Loaded:
+    snapshot: engine.Snapshot
+    rows: dict[str, Row]  # pending and running, by engine key
+    gpu_lookup: dict[tuple[int, int], int]
+
+
+def load_snapshot(now: datetime | None = None) -> Loaded:
+    now = now or timezone.now()
+    rules = policy()
+    instances = Instance.objects.select_related("workspace", "cluster")
+    jobs = Job.objects.select_related("workspace", "cluster")
+    pending: list[Row] = [*instances.filter(state=Instance.State.QUEUED), *jobs.filter(state=Job.State.QUEUED)]
+    running: list[Row] = [
         *instances.filter(state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]),
         *jobs.filter(state__in=[Job.State.ADMITTED, Job.State.RUNNING]),
     ]
+    allocations: dict[str, list[Allocation]] = defaultdict(list)
+    for allocation in Allocation.objects.select_related("gpu"):
+        holder = f"job:{allocation.job_id}" if allocation.job_id else f"instance:{allocation.instance_id}"
+        allocations[holder].append(allocation)
+    history = _update_history(now, rules.half_life_s, running)
     nodes, gpu_lookup = _load_nodes()
     snapshot = engine.Snapshot(
-        workspaces=_load_workspaces(),
+        workspaces=_load_workspaces(history),
         nodes=nodes,
-        running=tuple(_as_workload(r) for r in running_rows if r.gpus_per_replica > 0),
-        pending=tuple(_as_workload(r) for r in pending_rows),
+        running=tuple(_as_workload(r, allocations) for r in running if r.gpus_per_replica > 0),
+        pending=tuple(_as_workload(r) for r in pending),
+        now=now.timestamp(),
+        policy=rules,
     )
-    return snapshot, {_key(r): r for r in pending_rows}, gpu_lookup
+    return Loaded(snapshot, {_key(r): r for r in [*pending, *running]}, gpu_lookup)
 
 
-def _admit(row: Instance | Job, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
+def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
     now = timezone.now()
     model = type(row)
     new_state = Job.State.ADMITTED if isinstance(row, Job) else Instance.State.PROVISIONING
@@ -134,36 +233,57 @@ def _admit(row: Instance | Job, decision: engine.Admit, gpu_lookup: dict[tuple[i
     return True
 
 
-def _record_pending(row: Instance | Job, decision: engine.Pending) -> bool:
+def _record_pending(row: Row, reason: str, workspace_position: int | None, cluster_position: int | None,
+                    estimated_start: float | None) -> None:  # fmt: skip
     values: dict[str, Any] = {
-        "wait_reason": decision.reason,
-        "workspace_queue_position": decision.workspace_position,
-        "cluster_queue_position": decision.cluster_position,
+        "wait_reason": reason[:500],
+        "workspace_queue_position": workspace_position,
+        "cluster_queue_position": cluster_position,
+        # Whole seconds: an estimate that moves by a few milliseconds is not news.
+        "estimated_start_at": datetime.fromtimestamp(int(estimated_start), tz=UTC) if estimated_start else None,
     }
     if all(getattr(row, k) == v for k, v in values.items()):
-        return False
+        return
     type(row).objects.filter(pk=row.pk, state=type(row).State.QUEUED).update(**values)
-    notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": row.state, **values})
-    return True
+    live = {**values, "estimated_start_at": values["estimated_start_at"] and values["estimated_start_at"].isoformat()}
+    notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": row.state, **live})
+
+
+def _lock_cycle() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CYCLE_LOCK_ID])
 
 
 def run_cycle() -> CycleResult:
     """One scheduling cycle: snapshot, decide, apply. Safe to run concurrently: cycles serialise."""
     result = CycleResult()
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CYCLE_LOCK_ID])
-        snapshot, rows, gpu_lookup = load_snapshot()
-        if not snapshot.pending:
+        _lock_cycle()
+        loaded = load_snapshot()
+        if not loaded.snapshot.pending:
             return result
-        decisions = engine.schedule(snapshot)
+        decisions = engine.schedule(loaded.snapshot)
+        # Victims first: the workloads admitted for them take the devices they free.
+        for preempt in decisions.preempted:
+            row = loaded.rows[preempt.key]
+            if isinstance(row, Job):
+                do_preempt_job(row, reason=preempt.reason, grace_s=preempt.grace_s)
+                result.preempted.append(preempt.key)
         for admit in decisions.admitted:
-            if _admit(rows[admit.key], admit, gpu_lookup):
+            if _admit(loaded.rows[admit.key], admit, loaded.gpu_lookup):
                 result.admitted.append(admit.key)
         for pending in decisions.pending:
-            _record_pending(rows[pending.key], pending)
-        result.pending = len(decisions.pending)
-    if result.admitted:
-        logger.info("admitted %s", ", ".join(result.admitted))
+            _record_pending(
+                loaded.rows[pending.key],
+                pending.reason,
+                pending.workspace_position,
+                pending.cluster_position,
+                pending.estimated_start,
+            )
+        for rejected in decisions.rejected:  # stays queued, saying why, until an admin changes quota
+            _record_pending(loaded.rows[rejected.key], rejected.reason, None, None, None)
+        result.pending = len(decisions.pending) + len(decisions.rejected)
+    if result.admitted or result.preempted:
+        logger.info("admitted %s; preempted %s", ", ".join(result.admitted), ", ".join(result.preempted) or "none")
     return result

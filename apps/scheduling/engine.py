@@ -3,243 +3,529 @@
 Pure on purpose: no Django, ORM or backend imports, so it can be tested on its own and replayed
 on traces in simulated time. The same snapshot always gives the same decisions.
 
-This is the admission rule of the foundation: a workload is admitted when its workspace's GPU
-quota (plus what it may borrow from its cohort) and the free devices of one cluster fit the
-whole gang at once; everything else stays pending, with a reason and its queue positions.
+`schedule(snapshot)` is one cycle over a snapshot. `Engine` is the same scheduler kept alive
+between cycles (the trace replay feeds it submissions and completions as they happen).
+
+Policies:
+- ``portal``: quotas per workspace and GPU type, borrowing of a cohort's idle quota, fair share
+  across workspaces (dominant-resource shares divided by weight, with decayed history), priority
+  within a workspace, bounded preemption (reclaiming borrowed GPUs, or making room for higher
+  priority work in the same workspace), backfill with a reservation for starving gangs.
+- ``fifo``: what labs run today: each workspace a hard quota and its own FIFO queue that stops
+  at the first workload that does not fit; no borrowing, no preemption.
+
+Quantities are kept internally in hundredths of a GPU (ints), so fractional GPUs add up exactly.
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import insort
 from collections import defaultdict
 from dataclasses import dataclass, field
-from decimal import Decimal
 
-ZERO = Decimal("0")
-ONE = Decimal("1")
-
-
-@dataclass(frozen=True)
-class Quota:
-    gpu_type: str
-    nominal: Decimal
-    borrowing_limit: Decimal | None = None  # None: no limit beyond what the cohort has idle
-    lending_limit: Decimal | None = None  # None: lends all of its idle quota
-
-
-@dataclass(frozen=True)
-class WorkspaceInfo:
-    name: str
-    quotas: tuple[Quota, ...] = ()
-    cohort: str | None = None
-    can_borrow: bool = False
-
-    def quota(self, gpu_type: str) -> Quota:
-        for quota in self.quotas:
-            if quota.gpu_type == gpu_type:
-                return quota
-        return Quota(gpu_type, ZERO, ZERO, ZERO)
-
-
-@dataclass(frozen=True)
-class Device:
-    index: int
-    free: Decimal  # share of the device not yet allocated, 0..1
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    cluster: str
-    gpu_type: str
-    devices: tuple[Device, ...]
-
-
-@dataclass(frozen=True)
-class Workload:
-    key: str  # "job:12", "instance:3"
-    workspace: str
-    gpu_type: str
-    gpus_per_replica: Decimal
-    replicas: int = 1
-    priority: int = 0
-    seq: int = 0  # submission order; earlier first among equal priorities
-
-    @property
-    def total_gpus(self) -> Decimal:
-        return self.gpus_per_replica * self.replicas
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    workspaces: tuple[WorkspaceInfo, ...]
-    nodes: tuple[NodeInfo, ...]
-    running: tuple[Workload, ...]
-    pending: tuple[Workload, ...]
-
-
-@dataclass(frozen=True)
-class ReplicaPlacement:
-    node: str
-    devices: tuple[tuple[int, Decimal], ...]  # (device index, share)
-
-
-@dataclass(frozen=True)
-class Admit:
-    key: str
-    cluster: str | None
-    placement: tuple[ReplicaPlacement, ...]
-    borrowed: Decimal = ZERO
-
-
-@dataclass(frozen=True)
-class Pending:
-    key: str
-    reason: str
-    workspace_position: int
-    cluster_position: int
+from apps.scheduling.ledger import Ledger
+from apps.scheduling.placement import Pool, PoolNode
+from apps.scheduling.types import (
+    UNIT,
+    Admit,
+    Decisions,
+    Device,
+    NodeInfo,
+    Pending,
+    Policy,
+    Preempt,
+    Quota,
+    Reject,
+    ReplicaPlacement,
+    Snapshot,
+    Workload,
+    WorkspaceInfo,
+    fmt_units,
+    gpus_of,
+    units_of,
+)
 
 
 @dataclass
-class Decisions:
-    admitted: list[Admit] = field(default_factory=list)
-    pending: list[Pending] = field(default_factory=list)
+class _Running:
+    workload: Workload
+    pool: Pool | None
+    held: list[tuple[PoolNode, list[tuple[int, int]]]]
+    units: int
 
 
-def _fmt(value: Decimal) -> str:
-    return f"{value.normalize():f}"
+@dataclass
+class _Queue:
+    """One workspace's pending workloads, in (priority, submission) order."""
+
+    items: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, seq, key)
 
 
-class _Ledger:
-    """GPU use per workspace and type, and what each cohort has idle to lend."""
+# --- The engine ----------------------------------------------------------------------------------
 
-    def __init__(self, workspaces: tuple[WorkspaceInfo, ...], running: tuple[Workload, ...]):
-        self.workspaces = {w.name: w for w in workspaces}
-        self.used: dict[tuple[str, str], Decimal] = defaultdict(lambda: ZERO)
-        for workload in running:
-            self.used[workload.workspace, workload.gpu_type] += workload.total_gpus
 
-    def lendable(self, cohort: str, gpu_type: str, borrower: str) -> Decimal:
-        total = ZERO
-        for ws in self.workspaces.values():
-            if ws.cohort != cohort or ws.name == borrower:
+class Engine:
+    """The scheduler's state between cycles: nodes, running workloads, per-workspace queues."""
+
+    def __init__(
+        self, workspaces: tuple[WorkspaceInfo, ...], nodes: tuple[NodeInfo, ...], policy: Policy | None = None
+    ):
+        policy = policy or Policy()
+        self.policy = policy
+        self.fifo = policy.name == "fifo"
+        self.ledger = Ledger({w.name: w for w in workspaces}, borrowing=not self.fifo)
+        groups: dict[tuple[str, str], list[PoolNode]] = defaultdict(list)
+        for info in nodes:
+            groups[info.cluster, info.gpu_type].append(PoolNode(info))
+        placement = dict(policy.placement_by_cluster)
+        self.pools = {
+            key: Pool(key[0], key[1], group, placement.get(key[0], policy.placement) == "spread")
+            for key, group in sorted(groups.items())
+        }
+        self.pools_by_type: dict[str, list[Pool]] = defaultdict(list)
+        for pool in self.pools.values():
+            self.pools_by_type[pool.gpu_type].append(pool)
+        self.capacity: dict[str, int] = defaultdict(int)
+        for pool in self.pools.values():
+            self.capacity[pool.gpu_type] += pool.capacity
+        self.cohort_lendable: dict[tuple[str, str], int] = defaultdict(int)
+        for ws in workspaces:
+            for quota in ws.quotas:
+                self.ledger.register(ws.name, quota.gpu_type)
+                if ws.cohort is not None:
+                    self.cohort_lendable[ws.cohort, quota.gpu_type] += self.ledger.most_lent(ws.name, quota.gpu_type)
+        self.history: dict[tuple[str, str], float] = defaultdict(float)
+        for ws in workspaces:
+            for gpu_type, gpu_seconds in ws.history:
+                self.history[ws.name, gpu_type] = gpu_seconds
+        self.clock: float | None = None
+        self.running: dict[str, _Running] = {}
+        self.running_by: dict[tuple[str, str], dict[str, _Running]] = defaultdict(dict)  # (workspace, type)
+        self.pending: dict[str, Workload] = {}
+        self.queues: dict[str, _Queue] = defaultdict(_Queue)
+        self.rejected: list[Reject] = []
+
+    # -- feeding it --------------------------------------------------------------------------------
+
+    def add_running(self, workload: Workload) -> None:
+        """A workload already running: its placement's shares are already out of the nodes' free."""
+        pool = self.pools.get((workload.cluster or "", workload.gpu_type))
+        held = []
+        if pool is not None:
+            for replica in workload.placement:
+                node = pool.nodes.get(replica.node)
+                if node is None:
+                    continue
+                positions = {index: p for p, index in enumerate(node.indexes)}
+                held.append((node, [(positions[i], units_of(s)) for i, s in replica.devices if i in positions]))
+        self._start(_Running(workload, pool, held, units_of(workload.total_gpus)))
+
+    def _start(self, running: _Running) -> None:
+        w = running.workload
+        if running.units:
+            self.ledger.add(w.workspace, w.gpu_type, running.units)
+        self.running[w.key] = running
+        self.running_by[w.workspace, w.gpu_type][w.key] = running
+
+    def _stop(self, key: str) -> _Running:
+        running = self.running.pop(key)
+        del self.running_by[running.workload.workspace, running.workload.gpu_type][key]
+        self._release(running)
+        return running
+
+    def submit(self, workload: Workload) -> None:
+        """Queue a workload, or reject it at once if no policy could ever give it what it asks."""
+        never = self._never_fits(workload)
+        if never:
+            self.rejected.append(Reject(workload.key, never))
+            return
+        self.pending[workload.key] = workload
+        insort(self.queues[workload.workspace].items, (-workload.priority, workload.seq, workload.key))
+
+    def withdraw(self, key: str) -> None:
+        """A pending workload cancelled by its owner."""
+        workload = self.pending.pop(key, None)
+        if workload is not None:
+            self.queues[workload.workspace].items.remove((-workload.priority, workload.seq, workload.key))
+
+    def finish(self, key: str, now: float | None = None) -> None:
+        """A running workload ended: give back its devices and its quota."""
+        if now is not None:
+            self._advance(now)
+        self._stop(key)
+
+    def _release(self, running: _Running) -> None:
+        if running.pool is not None:
+            for node, devices in running.held:
+                running.pool.give(node, devices)
+        if running.units:
+            self.ledger.add(running.workload.workspace, running.workload.gpu_type, -running.units)
+
+    def _never_fits(self, workload: Workload) -> str:
+        units = units_of(workload.gpus_per_replica)
+        if units == 0:
+            return ""
+        gpu_type, total = workload.gpu_type, units * workload.replicas
+        ceiling = self.ledger.ceiling(workload.workspace, gpu_type, self.cohort_lendable)
+        if total > ceiling:
+            return (
+                f"can never run: asks for {fmt_units(total)} {gpu_type} but workspace {workload.workspace} "
+                f"can hold at most {fmt_units(ceiling)}"
+            )
+        for pool in self.pools_by_type.get(gpu_type, []):
+            slots = sum(
+                n.capacity * (UNIT // units) if units < UNIT else n.capacity // (units // UNIT)
+                for n in pool.nodes.values()
+            )
+            if slots >= workload.replicas:
+                return ""
+        return f"can never run: no cluster has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
+
+    # -- fair share --------------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Decay past use and add what ran since the last call."""
+        if self.clock is None or now <= self.clock:
+            self.clock = now if self.clock is None else max(self.clock, now)
+            return
+        elapsed = now - self.clock
+        decay = 0.5 ** (elapsed / self.policy.half_life_s)
+        for key in list(self.history):
+            self.history[key] *= decay
+        for (name, gpu_type), used in self.ledger.used.items():
+            if used:
+                self.history[name, gpu_type] += used / UNIT * elapsed
+        self.clock = now
+
+    def _share(self, name: str) -> float:
+        """Dominant share: the largest over GPU types of (use now + recent use) / capacity, / weight."""
+        ws = self.ledger.workspace(name)
+        share = 0.0
+        for gpu_type, capacity in self.capacity.items():
+            if capacity:
+                used = self.ledger.used.get((name, gpu_type), 0) / UNIT
+                past = self.history.get((name, gpu_type), 0.0) / self.policy.half_life_s
+                share = max(share, (used + past) / (capacity / UNIT))
+        return share / max(ws.weight, 1e-6)
+
+    # -- one cycle ---------------------------------------------------------------------------------
+
+    def cycle(self, now: float, *, explain: bool = True) -> Decisions:
+        """Admit, preempt or explain: one pass over the pending workloads."""
+        self._advance(now)
+        decisions = Decisions(rejected=self.rejected)
+        self.rejected = []
+        reasons: dict[str, str] = {}
+        if self.fifo:
+            self._fifo_pass(now, decisions, reasons)
+        else:
+            self._portal_pass(now, decisions, reasons)
+        for pool in self.pools.values():
+            pool.release_held()
+        if explain:
+            self._explain(now, decisions, reasons)
+        return decisions
+
+    def _admit(self, workload: Workload, pool: Pool | None, placed: list[tuple[PoolNode, list[tuple[int, int]]]],
+               borrowed: int, decisions: Decisions) -> None:  # fmt: skip
+        del self.pending[workload.key]
+        queue = self.queues[workload.workspace].items
+        queue.remove((-workload.priority, workload.seq, workload.key))
+        self._start(_Running(workload, pool, placed, units_of(workload.total_gpus)))
+        placement = tuple(
+            ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
+            for node, devices in placed
+        )
+        decisions.admitted.append(Admit(workload.key, pool.cluster if pool else None, placement, gpus_of(borrowed)))
+
+    def _try_place(self, workload: Workload) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
+        share = units_of(workload.gpus_per_replica)
+        for pool in self.pools_by_type.get(workload.gpu_type, []):
+            if pool.free_units < share * workload.replicas:
                 continue
-            quota = ws.quota(gpu_type)
-            idle = max(ZERO, quota.nominal - self.used[ws.name, gpu_type])
-            if quota.lending_limit is not None:
-                idle = min(idle, quota.lending_limit)
-            total += idle
-        # GPUs already borrowed by cohort members, the borrower included, come out of what is left to lend.
-        borrowed = sum(
-            (
-                max(ZERO, self.used[ws.name, gpu_type] - ws.quota(gpu_type).nominal)
-                for ws in self.workspaces.values()
-                if ws.cohort == cohort
-            ),
-            ZERO,
-        )
-        return max(ZERO, total - borrowed)
-
-    def check(self, workload: Workload) -> tuple[bool, Decimal, str]:
-        """(fits, GPUs borrowed, reason if not)."""
-        ws = self.workspaces.get(workload.workspace, WorkspaceInfo(workload.workspace))
-        quota = ws.quota(workload.gpu_type)
-        used = self.used[ws.name, workload.gpu_type]
-        after = used + workload.total_gpus
-        if after <= quota.nominal:
-            return True, ZERO, ""
-        reason = (
-            f"waiting for quota: {_fmt(used)} of {_fmt(quota.nominal)} {workload.gpu_type} in use "
-            f"in workspace {ws.name}, this needs {_fmt(workload.total_gpus)}"
-        )
-        if not ws.can_borrow or ws.cohort is None:
-            return False, ZERO, reason
-        over = after - quota.nominal
-        already = max(ZERO, used - quota.nominal)
-        if quota.borrowing_limit is not None and over > quota.borrowing_limit:
-            return False, ZERO, f"{reason} (borrowing limit {_fmt(quota.borrowing_limit)})"
-        lendable = self.lendable(ws.cohort, workload.gpu_type, ws.name)
-        if over - already > lendable:
-            return False, ZERO, f"{reason}; cohort {ws.cohort} has {_fmt(lendable)} idle to lend"
-        return True, over - already, ""
-
-    def charge(self, workload: Workload) -> None:
-        self.used[workload.workspace, workload.gpu_type] += workload.total_gpus
-
-
-class _Free:
-    """Free device shares per node, updated as workloads are placed."""
-
-    def __init__(self, nodes: tuple[NodeInfo, ...]):
-        self.nodes = {n.name: n for n in nodes}
-        self.free = {n.name: {d.index: d.free for d in n.devices} for n in nodes}
-
-    def _fit_replica(self, node: str, share: Decimal, free: dict[int, Decimal]) -> list[tuple[int, Decimal]] | None:
-        if share < ONE:
-            # A fractional replica takes the fullest device that still has room (bin-packing).
-            options = sorted((f, i) for i, f in free.items() if f >= share)
-            if not options:
-                return None
-            return [(options[0][1], share)]
-        whole = [i for i, f in sorted(free.items()) if f == ONE]
-        count = int(share)
-        return [(i, ONE) for i in whole[:count]] if len(whole) >= count else None
-
-    def place(self, workload: Workload) -> tuple[str | None, tuple[ReplicaPlacement, ...]] | None:
-        """Place every replica of the gang in one cluster, or nothing at all."""
-        clusters = sorted({n.cluster for n in self.nodes.values() if n.gpu_type == workload.gpu_type})
-        for cluster in clusters:
-            trial = {name: dict(f) for name, f in self.free.items() if self.nodes[name].cluster == cluster}
-            placement: list[ReplicaPlacement] = []
-            for _ in range(workload.replicas):
-                # Bin-pack: try the nodes with the least free capacity first.
-                candidates = sorted(
-                    (name for name in trial if self.nodes[name].gpu_type == workload.gpu_type),
-                    key=lambda name: (sum(trial[name].values()), name),
-                )
-                for name in candidates:
-                    devices = self._fit_replica(name, workload.gpus_per_replica, trial[name])
-                    if devices is not None:
-                        for index, share in devices:
-                            trial[name][index] -= share
-                        placement.append(ReplicaPlacement(name, tuple(devices)))
-                        break
-                else:
-                    break
-            if len(placement) == workload.replicas:
-                for name, free in trial.items():
-                    self.free[name] = free
-                return cluster, tuple(placement)
+            placed = pool.place(share, workload.replicas)
+            if placed is not None:
+                return pool, placed
         return None
 
-    def describe_shortage(self, workload: Workload) -> str:
-        need = _fmt(workload.gpus_per_replica)
+    def _try_admit(self, workload: Workload, decisions: Decisions) -> tuple[str, str]:
+        """Admit the workload if quota and placement fit; otherwise ("quota" or "placement", why not)."""
+        if units_of(workload.gpus_per_replica) == 0:
+            self._admit(workload, None, [], 0, decisions)
+            return "", ""
+        units = units_of(workload.total_gpus)
+        fits, borrowed, reason = self.ledger.check(workload, units)
+        if not fits:
+            return "quota", reason
+        found = self._try_place(workload)
+        if found is None:
+            return "placement", self._shortage(workload)
+        self._admit(workload, found[0], found[1], borrowed, decisions)
+        return "", ""
+
+    def _shortage(self, workload: Workload) -> str:
         nodes = "a node" if workload.replicas == 1 else f"{workload.replicas} nodes"
-        return f"waiting for {nodes} with {need} free {workload.gpu_type}"
+        if units_of(workload.gpus_per_replica) < UNIT:
+            nodes = "a device" if workload.replicas == 1 else f"{workload.replicas} device shares"
+        return f"waiting for {nodes} with {fmt_units(units_of(workload.gpus_per_replica))} free {workload.gpu_type}"
+
+    def _fifo_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
+        for name in sorted(self.queues):
+            for _, _, key in list(self.queues[name].items):
+                workload = self.pending[key]
+                if workload.eligible_at > now:
+                    reasons[key] = f"requeued with backoff until {workload.eligible_at:.0f}"
+                    continue
+                _, reason = self._try_admit(workload, decisions)
+                if reason:
+                    reasons[key] = reason
+                    break  # the queue blocks at its first workload that does not fit
+
+    def _portal_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
+        """Progressive filling: the workspace furthest below its fair share goes next.
+
+        Work within a workspace's nominal quota goes before work that must borrow. A blocked
+        workload does not block the ones behind it (backfill), except that a gang blocked for
+        longer than `starvation_s` has the best nodes for it held back from smaller work.
+        """
+        cursor: dict[str, int] = {}
+        heap: list[tuple[int, float, str]] = []
+        for name, queue in self.queues.items():
+            if queue.items:
+                cursor[name] = 0
+                heap.append(self._rank(name, queue.items[0][2]))
+        heapq.heapify(heap)
+        scanned = 0
+        preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
+        while heap and scanned < self.policy.max_scan:
+            _, _, name = heapq.heappop(heap)
+            items = self.queues[name].items
+            position = cursor[name]
+            if position >= len(items):
+                continue
+            key = items[position][2]
+            workload = self.pending[key]
+            scanned += 1
+            if workload.eligible_at > now:
+                reasons[key] = f"requeued with backoff until {workload.eligible_at:.0f}"
+                cursor[name] = position + 1
+            else:
+                kind, reason = self._try_admit(workload, decisions)
+                if kind and preemption_tries > 0 and self._may_preempt_for(workload):
+                    preemption_tries -= 1
+                    if self._preempt_for(workload, now, decisions):
+                        kind = reason = ""
+                if kind:
+                    reasons[key] = reason
+                    if kind == "placement":
+                        self._maybe_hold(workload, now, reason, reasons)
+                    cursor[name] = position + 1
+            if cursor[name] < len(items):
+                heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
+
+    def _rank(self, name: str, key: str) -> tuple[int, float, str]:
+        workload = self.pending[key]
+        units = units_of(workload.total_gpus)
+        within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
+        return (0 if within else 1, self._share(name), name)
+
+    def _maybe_hold(self, workload: Workload, now: float, reason: str, reasons: dict[str, str]) -> None:
+        """Keep smaller work off the nodes a long-blocked gang needs, so it is not starved forever."""
+        if now - workload.submitted_at < self.policy.starvation_s:
+            return
+        share = units_of(workload.gpus_per_replica)
+        for pool in self.pools_by_type.get(workload.gpu_type, []):
+            if pool.held:
+                continue
+            count = max(1, share // UNIT)
+            candidates = sorted(pool.nodes.values(), key=lambda n: (-n.whole, n.name))
+            chosen = [n for n in candidates if n.capacity >= count][: workload.replicas]
+            if len(chosen) < workload.replicas:
+                continue
+            for node in chosen:
+                pool.hold(node)
+            reasons[workload.key] = f"{reason}; holding {len(chosen)} node(s) for it while work there finishes"
+            return
+
+    # -- preemption --------------------------------------------------------------------------------
+
+    def _may_preempt_for(self, workload: Workload) -> bool:
+        """Preemption is for work within its workspace's nominal quota, or above lower-priority
+        work of its own workspace."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        units = units_of(workload.total_gpus)
+        if self.ledger.used[name, gpu_type] + units <= self.ledger.nominal(name, gpu_type):
+            return True
+        return any(r.workload.priority < workload.priority for r in self.running_by[name, gpu_type].values())
+
+    def _victims(self, workload: Workload, now: float) -> list[_Running]:
+        """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
+        is within its nominal quota, then lower-priority work of its own workspace; never
+        non-preemptible work or work younger than `min_runtime_s`."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        entitled = self.ledger.used[name, gpu_type] + units_of(workload.total_gpus) <= self.ledger.nominal(
+            name, gpu_type
+        )
+        borrowers = {
+            ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
+        }
+        ranked = []
+        for running in self.running.values():
+            victim = running.workload
+            if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
+                continue
+            if victim.started_at is not None and now - victim.started_at < self.policy.min_runtime_s:
+                continue
+            if victim.workspace != name and entitled and victim.workspace in borrowers:
+                tier = 0
+            elif victim.workspace == name and victim.priority < workload.priority:
+                tier = 1
+            else:
+                continue
+            # Cheapest first: lower priority, then the most recently started (least work lost).
+            ranked.append(((tier, victim.priority, -(victim.started_at or 0.0), victim.key), running))
+        ranked.sort(key=lambda pair: pair[0])
+        return [running for _, running in ranked[: self.policy.max_victims]]
+
+    def _preempt_for(self, workload: Workload, now: float, decisions: Decisions) -> bool:
+        """Evict the fewest, cheapest workloads that make room and admit `workload`; False if none do."""
+        chosen: list[_Running] = []
+        for running in self._victims(workload, now):
+            chosen.append(running)
+            if self._fits_without(workload, chosen):
+                break
+        else:
+            return False
+        for running in list(reversed(chosen)):  # drop victims the others already make room without
+            rest = [r for r in chosen if r is not running]
+            if rest and self._fits_without(workload, rest):
+                chosen = rest
+        for running in chosen:
+            self._stop(running.workload.key)
+            victim = running.workload
+            grace = self.policy.grace_s if victim.checkpointable else 0.0
+            decisions.preempted.append(Preempt(victim.key, self._preempt_reason(victim, workload), workload.key, grace))
+        kind, _ = self._try_admit(workload, decisions)
+        assert not kind, "preemption must make room for the workload it was made for"
+        return True
+
+    def _fits_without(self, workload: Workload, victims: list[_Running]) -> bool:
+        for running in victims:
+            self._release(running)
+        try:
+            fits, _, _ = self.ledger.check(workload, units_of(workload.total_gpus))
+            if not fits:
+                return False
+            found = self._try_place(workload)
+            if found is None:
+                return False
+            pool, placed = found
+            for node, devices in reversed(placed):
+                pool.give(node, devices)
+            return True
+        finally:
+            for running in victims:
+                if running.pool is not None:
+                    for node, devices in running.held:
+                        running.pool.take(node, devices)
+                if running.units:
+                    self.ledger.add(running.workload.workspace, running.workload.gpu_type, running.units)
+
+    @staticmethod
+    def _preempt_reason(victim: Workload, workload: Workload) -> str:
+        if victim.workspace != workload.workspace:
+            return (
+                f"preempted to give workspace {workload.workspace} back its quota: workspace {victim.workspace} "
+                f"was borrowing {victim.gpu_type} GPUs"
+            )
+        return f"preempted for higher-priority {workload.key} (priority {workload.priority} > {victim.priority})"
+
+    # -- explaining --------------------------------------------------------------------------------
+
+    def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
+        """Reason, positions and estimated start for every workload still pending."""
+        order = sorted(self.pending.values(), key=lambda w: (-w.priority, w.seq, w.key))
+        estimates = self._estimates(now, order)
+        per_workspace: dict[str, int] = defaultdict(int)
+        for cluster_position, workload in enumerate(order, start=1):
+            per_workspace[workload.workspace] += 1
+            reason = reasons.get(workload.key) or f"in line: {cluster_position - 1} workloads ahead of it"
+            decisions.pending.append(
+                Pending(
+                    workload.key,
+                    reason,
+                    per_workspace[workload.workspace],
+                    cluster_position,
+                    estimates.get(workload.key),
+                )
+            )
+
+    def _estimates(self, now: float, order: list[Workload]) -> dict[str, float]:
+        """When each pending workload should start if everything ahead runs its expected time.
+
+        Two counts, and the later wins: the GPUs of its type in the cluster, and its workspace's
+        quota of that type (plus what it may borrow now). Running work ends at start + expected
+        runtime; pending work starts in queue order as soon as both have room. Placement is not
+        modelled, so a gang may start later than its estimate.
+        """
+        ends: dict[tuple[str, ...], list[tuple[float, int]]] = defaultdict(list)
+        for running in self.running.values():
+            w = running.workload
+            if running.units:
+                end = max(now, (w.started_at or now) + (w.expected_runtime_s or self.policy.default_runtime_s))
+                ends[(w.gpu_type,)].append((end, running.units))
+                ends[(w.workspace, w.gpu_type)].append((end, running.units))
+        free: dict[tuple[str, ...], int] = {}
+        for gpu_type, pools in self.pools_by_type.items():
+            free[(gpu_type,)] = sum(p.free_units for p in pools)
+        clocks: dict[tuple[str, ...], float] = defaultdict(lambda: now)
+        for events in ends.values():
+            heapq.heapify(events)
+        estimates: dict[str, float] = {}
+        for workload in order:
+            need = units_of(workload.total_gpus)
+            if not need:
+                continue
+            name, gpu_type = workload.workspace, workload.gpu_type
+            if (name, gpu_type) not in free:
+                limit = self.ledger.nominal(name, gpu_type) + self.ledger.available_to_borrow(name, gpu_type)
+                free[(name, gpu_type)] = limit - self.ledger.used[name, gpu_type]
+            start = max(now, workload.eligible_at)
+            for scope in ((gpu_type,), (name, gpu_type)):
+                events = ends[scope]
+                while free.get(scope, 0) < need and events:
+                    end, units = heapq.heappop(events)
+                    free[scope] = free.get(scope, 0) + units
+                    clocks[scope] = max(clocks[scope], end)
+                start = max(start, clocks[scope])
+            if any(free.get(scope, 0) < need for scope in ((gpu_type,), (name, gpu_type))):
+                continue  # more than could ever be free at once: no estimate
+            estimates[workload.key] = start
+            runtime = workload.expected_runtime_s or self.policy.default_runtime_s
+            for scope in ((gpu_type,), (name, gpu_type)):
+                free[scope] -= need
+                heapq.heappush(ends[scope], (start + runtime, need))
+        return estimates
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
-    """Admit what fits now, in priority then submission order; explain the rest."""
-    ledger = _Ledger(snapshot.workspaces, snapshot.running)
-    free = _Free(snapshot.nodes)
-    decisions = Decisions()
-    order = sorted(snapshot.pending, key=lambda w: (-w.priority, w.seq, w.key))
-    waiting: list[tuple[Workload, str]] = []
-    for workload in order:
-        if workload.gpus_per_replica <= ZERO:
-            decisions.admitted.append(Admit(workload.key, None, ()))
-            continue
-        fits, borrowed, reason = ledger.check(workload)
-        if not fits:
-            waiting.append((workload, reason))
-            continue
-        placed = free.place(workload)
-        if placed is None:
-            waiting.append((workload, free.describe_shortage(workload)))
-            continue
-        ledger.charge(workload)
-        decisions.admitted.append(Admit(workload.key, placed[0], placed[1], borrowed))
-    per_workspace: dict[str, int] = defaultdict(int)
-    for cluster_position, (workload, reason) in enumerate(waiting, start=1):
-        per_workspace[workload.workspace] += 1
-        decisions.pending.append(Pending(workload.key, reason, per_workspace[workload.workspace], cluster_position))
-    return decisions
+    """One cycle over a snapshot: admit what fits, preempt where the rules call for it, explain the rest."""
+    engine = Engine(snapshot.workspaces, snapshot.nodes, snapshot.policy)
+    engine.clock = snapshot.now
+    for workload in sorted(snapshot.running, key=lambda w: w.key):
+        engine.add_running(workload)
+    for workload in sorted(snapshot.pending, key=lambda w: (w.seq, w.key)):
+        engine.submit(workload)
+    return engine.cycle(snapshot.now)
+
+
+def never_fits_reason(snapshot: Snapshot, workload: Workload) -> str:
+    """Why a workload could never be admitted under the snapshot's quotas and nodes ("" if it could)."""
+    return Engine(snapshot.workspaces, snapshot.nodes, snapshot.policy)._never_fits(workload)
+
+
+__all__ = [
+    "Admit", "Decisions", "Device", "Engine", "NodeInfo", "Pending", "Policy", "Preempt", "Quota", "Reject",
+    "ReplicaPlacement", "Snapshot", "Workload", "WorkspaceInfo", "never_fits_reason", "schedule",
+]  # fmt: skip

@@ -10,7 +10,7 @@ from collections import Counter
 from decimal import Decimal
 
 from apps.api.errors import ActionError, LimitExceeded
-from apps.inventory.models import GPU, Node
+from apps.inventory.models import GPU
 from apps.workspaces.models import GPUQuota, Workspace
 
 ONE = Decimal("1")
@@ -32,10 +32,11 @@ def check_gpu_shape(gpus_per_replica: Decimal, field: str = "gpus_per_replica") 
 
 
 def gpus_per_node(gpu_type: str) -> dict[int, list[int]]:
-    """For each enabled cluster, the number of `gpu_type` GPUs on each of its ready nodes."""
+    """For each enabled cluster, the number of `gpu_type` GPUs on each of its nodes (a drained node
+    comes back: work that needs it waits rather than being refused)."""
     per_node = Counter(
         GPU.objects.filter(
-            gpu_type=gpu_type, node__state=Node.State.READY, node__pool__cluster__enabled=True
+            gpu_type=gpu_type, node__pool__cluster__enabled=True
         ).values_list("node__pool__cluster_id", "node_id")
     )
     clusters: dict[int, list[int]] = {}

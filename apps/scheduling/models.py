@@ -40,6 +40,8 @@ class Workload(models.Model):
     workspace_queue_position = models.PositiveIntegerField(null=True, blank=True)
     cluster_queue_position = models.PositiveIntegerField(null=True, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
+    # Requeued with backoff (a gang that did not become ready in time): not admitted before this.
+    eligible_at = models.DateTimeField(null=True, blank=True)
 
     backend_state = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -53,3 +55,19 @@ class Workload(models.Model):
     @property
     def total_gpus(self) -> Decimal:
         return self.gpus_per_replica * self.replicas
+
+
+class FairShareUsage(models.Model):
+    """A workspace's decayed past GPU use of one type, in GPU-seconds, for fair share.
+
+    Each scheduling cycle multiplies it by 2^(-elapsed/half-life) and adds what ran meanwhile,
+    as Slurm's PriorityDecayHalfLife does.
+    """
+
+    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
+    gpu_seconds = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "gpu_type"], name="fair_share_usage_unique")]

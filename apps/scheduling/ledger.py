@@ -1,0 +1,108 @@
+"""GPU use per workspace and type, and the cohort arithmetic of borrowing and lending."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from apps.scheduling.types import Workload, WorkspaceInfo, fmt_units, units_of
+
+
+class Ledger:
+    """GPU use per workspace and type; what each cohort has idle to lend and has borrowed."""
+
+    def __init__(self, workspaces: dict[str, WorkspaceInfo], borrowing: bool):
+        self.workspaces = workspaces
+        self.borrowing = borrowing
+        self.used: dict[tuple[str, str], int] = defaultdict(int)
+        self.lend: dict[tuple[str, str], int] = defaultdict(int)  # per (cohort, type)
+        self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
+        self.nominal_of: dict[tuple[str, str], int] = {}
+
+    def workspace(self, name: str) -> WorkspaceInfo:
+        return self.workspaces.get(name) or WorkspaceInfo(name)
+
+    def _limits(self, name: str, gpu_type: str) -> tuple[int, int | None, int | None]:
+        quota = self.workspace(name).quota(gpu_type)
+        return (
+            units_of(quota.nominal),
+            None if quota.borrowing_limit is None else units_of(quota.borrowing_limit),
+            None if quota.lending_limit is None else units_of(quota.lending_limit),
+        )
+
+    def nominal(self, name: str, gpu_type: str) -> int:
+        key = (name, gpu_type)
+        if key not in self.nominal_of:
+            self.nominal_of[key] = self._limits(name, gpu_type)[0]
+        return self.nominal_of[key]
+
+    def _contribution(self, name: str, gpu_type: str, used: int) -> tuple[int, int]:
+        nominal, _, lending_limit = self._limits(name, gpu_type)
+        idle = max(0, nominal - used)
+        if lending_limit is not None:
+            idle = min(idle, lending_limit)
+        return idle, max(0, used - nominal)
+
+    def add(self, name: str, gpu_type: str, units: int) -> None:
+        cohort = self.workspace(name).cohort
+        known = (name, gpu_type) in self.used  # else its contribution is not counted yet
+        used = self.used[name, gpu_type]
+        if cohort is not None and known:
+            lend, borrowed = self._contribution(name, gpu_type, used)
+            self.lend[cohort, gpu_type] -= lend
+            self.borrowed[cohort, gpu_type] -= borrowed
+        self.used[name, gpu_type] = used + units
+        if cohort is not None:
+            lend, borrowed = self._contribution(name, gpu_type, used + units)
+            self.lend[cohort, gpu_type] += lend
+            self.borrowed[cohort, gpu_type] += borrowed
+
+    def register(self, name: str, gpu_type: str) -> None:
+        """Count an idle workspace's quota as lendable before anything runs."""
+        if (name, gpu_type) not in self.used:
+            self.add(name, gpu_type, 0)
+
+    def available_to_borrow(self, name: str, gpu_type: str) -> int:
+        ws = self.workspace(name)
+        if ws.cohort is None:
+            return 0
+        own_lend, own_borrowed = self._contribution(name, gpu_type, self.used[name, gpu_type])
+        others_lend = self.lend[ws.cohort, gpu_type] - own_lend
+        others_borrowed = self.borrowed[ws.cohort, gpu_type] - own_borrowed
+        return max(0, others_lend - others_borrowed)
+
+    def check(self, workload: Workload, units: int) -> tuple[bool, int, str]:
+        """(fits, hundredths borrowed by this admission, the reason if it does not fit)."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        nominal, borrowing_limit, _ = self._limits(name, gpu_type)
+        used = self.used[name, gpu_type]
+        after = used + units
+        if after <= nominal:
+            return True, 0, ""
+        ws = self.workspace(name)
+        reason = (
+            f"waiting for quota: {fmt_units(used)} of {fmt_units(nominal)} {gpu_type} in use "
+            f"in workspace {name}, this needs {fmt_units(units)}"
+        )
+        if not (self.borrowing and ws.can_borrow and ws.cohort is not None):
+            return False, 0, reason
+        over = after - nominal
+        if borrowing_limit is not None and over > borrowing_limit:
+            return False, 0, f"{reason} (borrowing limit {fmt_units(borrowing_limit)})"
+        lendable = self.available_to_borrow(name, gpu_type)
+        if over > lendable:
+            left = max(0, lendable - max(0, used - nominal))
+            return False, 0, f"{reason}; cohort {ws.cohort} has {fmt_units(left)} idle to lend"
+        return True, over - max(0, used - nominal), ""
+
+    def most_lent(self, name: str, gpu_type: str) -> int:
+        """The most a workspace lends when it uses nothing."""
+        return self._contribution(name, gpu_type, 0)[0]
+
+    def ceiling(self, name: str, gpu_type: str, cohort_lendable: dict[tuple[str, str], int]) -> int:
+        """The most a workspace could ever hold: nominal plus all it could ever borrow."""
+        nominal, borrowing_limit, _ = self._limits(name, gpu_type)
+        ws = self.workspace(name)
+        if not (self.borrowing and ws.can_borrow and ws.cohort is not None):
+            return nominal
+        others = cohort_lendable.get((ws.cohort, gpu_type), 0) - self.most_lent(name, gpu_type)
+        return nominal + (others if borrowing_limit is None else min(others, borrowing_limit))

@@ -1,0 +1,116 @@
+"""Where replicas fit: one GPU type's nodes in one cluster, bucketed for constant-time fits."""
+
+from __future__ import annotations
+
+from apps.scheduling.types import UNIT, NodeInfo, units_of
+
+# --- Internal state ------------------------------------------------------------------------------
+
+
+class PoolNode:
+    __slots__ = ("name", "cluster", "gpu_type", "indexes", "free", "whole", "capacity")
+
+    def __init__(self, info: NodeInfo):
+        self.name = info.name
+        self.cluster = info.cluster
+        self.gpu_type = info.gpu_type
+        self.indexes = [d.index for d in info.devices]
+        self.free = [units_of(d.free) for d in info.devices]
+        self.whole = sum(1 for f in self.free if f == UNIT)
+        self.capacity = len(self.free)
+
+
+class Pool:
+    """The nodes of one GPU type in one cluster, bucketed by whole free devices for O(1) fits."""
+
+    def __init__(self, cluster: str, gpu_type: str, nodes: list[PoolNode], spread: bool):
+        self.cluster = cluster
+        self.gpu_type = gpu_type
+        self.spread = spread
+        self.nodes = {n.name: n for n in nodes}
+        self.max_devices = max((n.capacity for n in nodes), default=0)
+        self.buckets: list[dict[str, PoolNode]] = [{} for _ in range(self.max_devices + 1)]
+        self.held: dict[str, PoolNode] = {}  # nodes kept free for a starving gang this cycle
+        # Partly used devices by their free share, for fractional requests: {free: {(node, position)}}.
+        self.partial: list[dict[tuple[str, int], None]] = [{} for _ in range(UNIT)]
+        for node in sorted(nodes, key=lambda n: n.name):
+            self.buckets[node.whole][node.name] = node
+            for position, free in enumerate(node.free):
+                if 0 < free < UNIT:
+                    self.partial[free][node.name, position] = None
+        self.capacity = sum(n.capacity for n in nodes) * UNIT
+        self.free_units = sum(sum(n.free) for n in nodes)
+
+    def _rebucket(self, node: PoolNode, before: int) -> None:
+        if node.name in self.held:
+            return
+        if before != node.whole:
+            del self.buckets[before][node.name]
+            self.buckets[node.whole][node.name] = node
+
+    def _change(self, node: PoolNode, devices: list[tuple[int, int]], sign: int) -> None:
+        before = node.whole
+        for position, share in devices:
+            old = node.free[position]
+            new = old + sign * share
+            if 0 < old < UNIT:
+                del self.partial[old][node.name, position]
+            if 0 < new < UNIT:
+                self.partial[new][node.name, position] = None
+            node.free[position] = new
+            self.free_units += sign * share
+        node.whole = sum(1 for f in node.free if f == UNIT)
+        self._rebucket(node, before)
+
+    def take(self, node: PoolNode, devices: list[tuple[int, int]]) -> None:
+        self._change(node, devices, -1)
+
+    def give(self, node: PoolNode, devices: list[tuple[int, int]]) -> None:
+        self._change(node, devices, +1)
+
+    def hold(self, node: PoolNode) -> None:
+        del self.buckets[node.whole][node.name]
+        self.held[node.name] = node
+
+    def release_held(self) -> None:
+        for node in self.held.values():
+            self.buckets[node.whole][node.name] = node
+        self.held.clear()
+
+    def _whole_candidates(self, count: int) -> list[PoolNode]:
+        order = range(self.max_devices, count - 1, -1) if self.spread else range(count, self.max_devices + 1)
+        for whole in order:
+            if self.buckets[whole]:
+                return [next(iter(self.buckets[whole].values()))]
+        return []
+
+    def _fit(self, share: int) -> tuple[PoolNode, list[tuple[int, int]]] | None:
+        """One replica: `share` hundredths below one GPU, or a whole number of devices."""
+        if share >= UNIT:
+            count = share // UNIT
+            for node in self._whole_candidates(count):
+                positions = [p for p, f in enumerate(node.free) if f == UNIT][:count]
+                return node, [(p, UNIT) for p in positions]
+            return None
+        # A fraction: the fullest partly used device that still has room (bin-packing).
+        for free in range(share, UNIT):
+            for name, position in self.partial[free]:
+                if name not in self.held:
+                    return self.nodes[name], [(position, share)]
+        for node in self._whole_candidates(1):
+            position = node.free.index(UNIT)
+            return node, [(position, share)]
+        return None
+
+    def place(self, share: int, replicas: int) -> list[tuple[PoolNode, list[tuple[int, int]]]] | None:
+        """Every replica or none: placed one by one, undone on the first that does not fit."""
+        placed: list[tuple[PoolNode, list[tuple[int, int]]]] = []
+        for _ in range(replicas):
+            fit = self._fit(share)
+            if fit is None:
+                for node, devices in reversed(placed):
+                    self.give(node, devices)
+                return None
+            self.take(*fit)
+            placed.append(fit)
+        return placed

@@ -1,0 +1,163 @@
+"""The scheduling engine's plain data: what a snapshot holds and what decisions say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Literal
+
+ZERO = Decimal("0")
+UNIT = 100  # hundredths of a GPU in one GPU
+
+
+def units_of(gpus: Decimal) -> int:
+    return int(gpus * UNIT)
+
+
+def gpus_of(units: int) -> Decimal:
+    return (Decimal(units) / UNIT).normalize()
+
+
+def fmt_units(units: int) -> str:
+    return f"{gpus_of(units):f}"
+
+
+# --- Plain data in ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quota:
+    gpu_type: str
+    nominal: Decimal
+    borrowing_limit: Decimal | None = None  # None: no limit beyond what the cohort has idle
+    lending_limit: Decimal | None = None  # None: lends all of its idle quota
+
+
+@dataclass(frozen=True)
+class WorkspaceInfo:
+    name: str
+    quotas: tuple[Quota, ...] = ()
+    cohort: str | None = None
+    can_borrow: bool = False
+    weight: float = 1.0
+    # Decayed past use per GPU type, in GPU-seconds (see Policy.half_life_s).
+    history: tuple[tuple[str, float], ...] = ()
+
+    def quota(self, gpu_type: str) -> Quota:
+        """A type without a quota row has no nominal quota: such work may only borrow."""
+        for quota in self.quotas:
+            if quota.gpu_type == gpu_type:
+                return quota
+        return Quota(gpu_type, ZERO)
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    free: Decimal  # share of the device not yet allocated, 0..1
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    cluster: str
+    gpu_type: str
+    devices: tuple[Device, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    node: str
+    devices: tuple[tuple[int, Decimal], ...]  # (device index, share)
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str  # "job:12", "instance:3"
+    workspace: str
+    gpu_type: str
+    gpus_per_replica: Decimal
+    replicas: int = 1
+    priority: int = 0
+    seq: int = 0  # submission order; earlier first among equal priorities
+    submitted_at: float = 0.0
+    preemptible: bool = True
+    checkpointable: bool = False
+    expected_runtime_s: float | None = None  # for estimates; None: Policy.default_runtime_s
+    eligible_at: float = 0.0  # requeued with backoff: not considered before this time
+    # Running workloads only: when they started and where they hold their devices.
+    started_at: float | None = None
+    cluster: str | None = None
+    placement: tuple[ReplicaPlacement, ...] = ()
+
+    @property
+    def total_gpus(self) -> Decimal:
+        return self.gpus_per_replica * self.replicas
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: Literal["portal", "fifo"] = "portal"
+    placement: Literal["binpack", "spread"] = "binpack"
+    placement_by_cluster: tuple[tuple[str, str], ...] = ()  # (cluster, "binpack" | "spread") overrides
+    half_life_s: float = 7 * 86400.0  # fair share: how fast past use is forgotten
+    min_runtime_s: float = 600.0  # never preempt a workload younger than this
+    starvation_s: float = 3600.0  # a blocked gang older than this gets capacity held for it
+    grace_s: float = 60.0  # checkpoint-aware workloads get this long to save before they stop
+    default_runtime_s: float = 4 * 3600.0  # for estimated starts where no runtime is known
+    max_scan: int = 100_000  # pending workloads examined per cycle (Slurm's bf_max_job_test)
+    max_victims: int = 32  # most workloads one preemption may evict
+    preemption: bool = True
+    max_preemption_tries: int = 64  # preemption searches per cycle, to bound a cycle's cost
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    workspaces: tuple[WorkspaceInfo, ...]
+    nodes: tuple[NodeInfo, ...]  # device shares already net of the running workloads
+    running: tuple[Workload, ...]
+    pending: tuple[Workload, ...]
+    now: float = 0.0
+    policy: Policy = field(default_factory=Policy)
+
+
+# --- Decisions out -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admit:
+    key: str
+    cluster: str | None
+    placement: tuple[ReplicaPlacement, ...]
+    borrowed: Decimal = ZERO
+
+
+@dataclass(frozen=True)
+class Preempt:
+    key: str
+    reason: str
+    for_key: str
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    key: str
+    reason: str
+    workspace_position: int
+    cluster_position: int
+    estimated_start: float | None = None
+
+
+@dataclass(frozen=True)
+class Reject:
+    key: str
+    reason: str
+
+
+@dataclass
+class Decisions:
+    admitted: list[Admit] = field(default_factory=list)
+    preempted: list[Preempt] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    rejected: list[Reject] = field(default_factory=list)
