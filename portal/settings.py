@@ -243,6 +243,10 @@ PORTAL_PREEMPTION_MIN_RUNTIME_S = env_int("PORTAL_PREEMPTION_MIN_RUNTIME_S", 600
 PORTAL_PREEMPTION_GRACE_S = env_int("PORTAL_PREEMPTION_GRACE_S", 60, minimum=0, maximum=3600)
 PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
 PORTAL_DEFAULT_RUNTIME_S = env_int("PORTAL_DEFAULT_RUNTIME_S", 4 * 3600, minimum=60)
+# An admitted gang not running after this long is requeued, with backoff doubling per requeue.
+PORTAL_GANG_READY_TIMEOUT_S = env_int("PORTAL_GANG_READY_TIMEOUT_S", 900, minimum=10)
+PORTAL_GANG_BACKOFF_S = env_int("PORTAL_GANG_BACKOFF_S", 60, minimum=1)
+PORTAL_GANG_BACKOFF_MAX_S = env_int("PORTAL_GANG_BACKOFF_MAX_S", 3600, minimum=1)
 # Limits a new private workspace gets; admins change them per workspace.
 PORTAL_PRIVATE_GPU_QUOTA = env_str("PORTAL_PRIVATE_GPU_QUOTA", "h100=1")
 PORTAL_PRIVATE_MAX_INSTANCES = env_int("PORTAL_PRIVATE_MAX_INSTANCES", 2, minimum=0)

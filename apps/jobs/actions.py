@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -158,4 +159,37 @@ def do_preempt_job(
             data={"reason": reason, "previous_state": previous, "grace_s": grace_s},
         )
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
+    return job
+
+
+def do_requeue_unready_job(job: Job, *, timeout_s: int, backoff_s: float) -> Job:
+    """Requeue an admitted gang that did not become ready (RUNNING) within `timeout_s`.
+
+    Its GPUs go back; it keeps its place in the queue but is not admitted again before
+    `backoff_s` has passed, so one broken gang cannot hold devices in a loop.
+    """
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.state != Job.State.ADMITTED:
+            return job
+        Allocation.objects.filter(job=job).delete()
+        requeues = int(job.backend_state.get("not_ready_requeues", 0)) + 1
+        job.state = Job.State.QUEUED
+        job.admitted_at = None
+        job.cluster = None
+        job.eligible_at = timezone.now() + timedelta(seconds=backoff_s)
+        job.wait_reason = (
+            f"requeued: its {job.replicas} replica(s) were not all running {timeout_s} s after admission; "
+            f"eligible again in {int(backoff_s)} s"
+        )
+        job.backend_state = {**job.backend_state, "not_ready_requeues": requeues}
+        job.save()
+        do_log_event(
+            "job.requeue",
+            job,
+            workspace=job.workspace,
+            data={"reason": "not ready in time", "requeues": requeues, "backoff_s": backoff_s},
+        )
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
+        request_cycle()
     return job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.audit.actions import do_log_event
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
-from apps.jobs.actions import do_preempt_job
+from apps.jobs.actions import do_preempt_job, do_requeue_unready_job
 from apps.jobs.models import Job
 from apps.scheduling import engine
 from apps.scheduling.models import FairShareUsage
@@ -287,3 +287,16 @@ def run_cycle() -> CycleResult:
     if result.admitted or result.preempted:
         logger.info("admitted %s; preempted %s", ", ".join(result.admitted), ", ".join(result.preempted) or "none")
     return result
+
+
+def requeue_unready_gangs() -> list[int]:
+    """Requeue admitted jobs whose replicas are not all running in time, with doubling backoff."""
+    timeout = settings.PORTAL_GANG_READY_TIMEOUT_S
+    late = Job.objects.filter(state=Job.State.ADMITTED, admitted_at__lt=timezone.now() - timedelta(seconds=timeout))
+    requeued = []
+    for job in late:
+        requeues = int(job.backend_state.get("not_ready_requeues", 0))
+        backoff = min(settings.PORTAL_GANG_BACKOFF_S * 2**requeues, settings.PORTAL_GANG_BACKOFF_MAX_S)
+        do_requeue_unready_job(job, timeout_s=timeout, backoff_s=backoff)
+        requeued.append(job.pk)
+    return requeued

@@ -275,7 +275,7 @@ class Engine:
             for _, _, key in list(self.queues[name].items):
                 workload = self.pending[key]
                 if workload.eligible_at > now:
-                    reasons[key] = f"requeued with backoff until {workload.eligible_at:.0f}"
+                    reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
                     continue
                 _, reason = self._try_admit(workload, decisions)
                 if reason:
@@ -308,7 +308,7 @@ class Engine:
             workload = self.pending[key]
             scanned += 1
             if workload.eligible_at > now:
-                reasons[key] = f"requeued with backoff until {workload.eligible_at:.0f}"
+                reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
                 cursor[name] = position + 1
             else:
                 kind, reason = self._try_admit(workload, decisions)

@@ -12,7 +12,7 @@ from django.utils import timezone
 from apps.audit.models import AuditEvent
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
-from apps.scheduling.adapter import run_cycle
+from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
 from apps.scheduling.models import FairShareUsage
 from apps.workspaces.models import Cohort, GPUQuota, Workspace
 from tests.personas import World
@@ -114,3 +114,28 @@ def test_a_job_above_what_the_workspace_may_ever_hold_after_a_quota_cut_says_so(
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED
     assert job.wait_reason == "can never run: asks for 4 h100 but workspace team-a can hold at most 2"
+
+
+def test_it_requeues_a_gang_not_ready_in_time_with_doubling_backoff(world: World, settings: Any) -> None:
+    settings.PORTAL_GANG_READY_TIMEOUT_S = 60
+    settings.PORTAL_GANG_BACKOFF_S = 30
+    gang = submit(world, world.team_a, "2", "gang", replicas=2)
+    run_cycle()
+    Job.objects.filter(pk=gang.pk).update(admitted_at=timezone.now() - timedelta(seconds=61))
+
+    assert requeue_unready_gangs() == [gang.pk]
+
+    gang.refresh_from_db()
+    assert gang.state == Job.State.QUEUED and not gang.allocations.exists()
+    assert gang.wait_reason.startswith("requeued: its 2 replica(s) were not all running 60 s after admission")
+    assert 25 <= (gang.eligible_at - timezone.now()).total_seconds() <= 30
+    run_cycle()
+    gang.refresh_from_db()
+    assert gang.state == Job.State.QUEUED  # not before its backoff has passed
+
+    Job.objects.filter(pk=gang.pk).update(eligible_at=timezone.now() - timedelta(seconds=1))
+    run_cycle()
+    Job.objects.filter(pk=gang.pk).update(admitted_at=timezone.now() - timedelta(seconds=61))
+    requeue_unready_gangs()
+    gang.refresh_from_db()
+    assert 55 <= (gang.eligible_at - timezone.now()).total_seconds() <= 60  # doubled

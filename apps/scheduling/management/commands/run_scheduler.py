@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from apps.scheduling.adapter import run_cycle
+from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ class Command(BaseCommand):
         while not stop.is_set():
             close_old_connections()
             try:
+                requeue_unready_gangs()
                 result = run_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
