@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
@@ -232,7 +232,8 @@ class Engine:
         del self.pending[workload.key]
         queue = self.queues[workload.workspace].items
         queue.remove((-workload.priority, workload.seq, workload.key))
-        self._start(_Running(workload, pool, placed, units_of(workload.total_gpus)))
+        started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
+        self._start(_Running(started, pool, placed, units_of(workload.total_gpus)))
         placement = tuple(
             ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
             for node, devices in placed
@@ -325,10 +326,14 @@ class Engine:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
 
     def _rank(self, name: str, key: str) -> tuple[int, float, str]:
+        """Within nominal quota before borrowing; in each, a gang starving past `starvation_s` goes
+        first (else work ranked before it takes the nodes it holds), then the lower fair share."""
         workload = self.pending[key]
         units = units_of(workload.total_gpus)
         within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
-        return (0 if within else 1, self._share(name), name)
+        waited = (self.clock or 0.0) - workload.submitted_at
+        starving = (workload.replicas > 1 or units > UNIT) and waited >= self.policy.starvation_s
+        return (2 * (0 if within else 1) + (0 if starving else 1), self._share(name), name)
 
     def _maybe_hold(self, workload: Workload, now: float, reason: str, reasons: dict[str, str]) -> None:
         """Keep smaller work off the nodes a long-blocked gang needs, so it is not starved forever."""
@@ -390,13 +395,22 @@ class Engine:
 
     def _preempt_for(self, workload: Workload, now: float, decisions: Decisions) -> bool:
         """Evict the fewest, cheapest workloads that make room and admit `workload`; False if none do."""
+        victims = self._victims(workload, now)
         chosen: list[_Running] = []
-        for running in self._victims(workload, now):
+        for running in victims:
             chosen.append(running)
             if self._fits_without(workload, chosen):
                 break
         else:
             return False
+        if len(chosen) > 1:  # one costlier victim of no higher class may make room alone: evict fewer
+            worst = self._victim_class(workload, chosen[-1])
+            for running in victims[len(chosen) :]:
+                if self._victim_class(workload, running) != worst:
+                    break
+                if self._fits_without(workload, [running]):
+                    chosen = [running]
+                    break
         for running in list(reversed(chosen)):  # drop victims the others already make room without
             rest = [r for r in chosen if r is not running]
             if rest and self._fits_without(workload, rest):
@@ -409,6 +423,11 @@ class Engine:
         kind, _ = self._try_admit(workload, decisions)
         assert not kind, "preemption must make room for the workload it was made for"
         return True
+
+    @staticmethod
+    def _victim_class(workload: Workload, running: _Running) -> tuple[int, int]:
+        """The cost order of `_victims` before recency: other workspaces' borrowers, then priority."""
+        return (0 if running.workload.workspace != workload.workspace else 1, running.workload.priority)
 
     def _fits_without(self, workload: Workload, victims: list[_Running]) -> bool:
         for running in victims:
@@ -489,7 +508,7 @@ class Engine:
                 continue
             name, gpu_type = workload.workspace, workload.gpu_type
             if (name, gpu_type) not in free:
-                limit = self.ledger.nominal(name, gpu_type) + self.ledger.available_to_borrow(name, gpu_type)
+                limit = self.ledger.nominal(name, gpu_type) + self.ledger.may_borrow(name, gpu_type)
                 free[(name, gpu_type)] = limit - self.ledger.used[name, gpu_type]
             start = max(now, workload.eligible_at)
             for scope in ((gpu_type,), (name, gpu_type)):

@@ -70,6 +70,16 @@ class Ledger:
         others_borrowed = self.borrowed[ws.cohort, gpu_type] - own_borrowed
         return max(0, others_lend - others_borrowed)
 
+    def may_borrow(self, name: str, gpu_type: str) -> int:
+        """The most a workspace may hold beyond its nominal quota now: none unless it may borrow, then
+        what its cohort has idle to lend, up to its borrowing limit."""
+        ws = self.workspace(name)
+        if not (self.borrowing and ws.can_borrow and ws.cohort is not None):
+            return 0
+        borrowing_limit = self._limits(name, gpu_type)[1]
+        lendable = self.available_to_borrow(name, gpu_type)
+        return lendable if borrowing_limit is None else min(lendable, borrowing_limit)
+
     def check(self, workload: Workload, units: int) -> tuple[bool, int, str]:
         """(fits, hundredths borrowed by this admission, the reason if it does not fit)."""
         name, gpu_type = workload.workspace, workload.gpu_type

@@ -14,8 +14,9 @@ class PoolNode:
         self.name = info.name
         self.cluster = info.cluster
         self.gpu_type = info.gpu_type
-        self.indexes = [d.index for d in info.devices]
-        self.free = [units_of(d.free) for d in info.devices]
+        devices = sorted(info.devices, key=lambda d: d.index)  # the same choices whatever the input order
+        self.indexes = [d.index for d in devices]
+        self.free = [units_of(d.free) for d in devices]
         self.whole = sum(1 for f in self.free if f == UNIT)
         self.capacity = len(self.free)
 
