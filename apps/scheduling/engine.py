@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
 from apps.scheduling.ledger import Ledger
@@ -102,6 +102,7 @@ class Engine:
         self.clock: float | None = None
         self.running: dict[str, _Running] = {}
         self.running_by: dict[tuple[str, str], dict[str, _Running]] = defaultdict(dict)  # (workspace, type)
+        self.priorities: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)  # of running, per same key
         self.pending: dict[str, Workload] = {}
         self.queues: dict[str, _Queue] = defaultdict(_Queue)
         self.rejected: list[Reject] = []
@@ -127,10 +128,15 @@ class Engine:
             self.ledger.add(w.workspace, w.gpu_type, running.units)
         self.running[w.key] = running
         self.running_by[w.workspace, w.gpu_type][w.key] = running
+        self.priorities[w.workspace, w.gpu_type][w.priority] += 1
 
     def _stop(self, key: str) -> _Running:
         running = self.running.pop(key)
         del self.running_by[running.workload.workspace, running.workload.gpu_type][key]
+        priorities = self.priorities[running.workload.workspace, running.workload.gpu_type]
+        priorities[running.workload.priority] -= 1
+        if not priorities[running.workload.priority]:
+            del priorities[running.workload.priority]
         self._release(running)
         return running
 
@@ -220,7 +226,7 @@ class Engine:
         if self.fifo:
             self._fifo_pass(now, decisions, reasons)
         else:
-            self._portal_pass(now, decisions, reasons)
+            self._portal_pass(now, decisions, reasons, quick=not explain)
         for pool in self.pools.values():
             pool.release_held()
         if explain:
@@ -265,6 +271,23 @@ class Engine:
         self._admit(workload, found[0], found[1], borrowed, decisions)
         return "", ""
 
+    def _try_admit_unless_blocked(
+        self, workload: Workload, decisions: Decisions, blocked: dict[tuple[str, str], tuple[int, str]] | None
+    ) -> tuple[str, str]:
+        """`_try_admit`, except that (without explain, `blocked` not None) a workspace whose quota refused
+        as many GPUs of the type or fewer earlier in this pass is refused at once, with that refusal's
+        reason: within a pass use only grows until evictions, which clear `blocked`."""
+        if blocked is None:
+            return self._try_admit(workload, decisions)
+        known = blocked.get((workload.workspace, workload.gpu_type))
+        units = units_of(workload.total_gpus)
+        if known is not None and units >= known[0]:
+            return "quota", known[1]
+        kind, reason = self._try_admit(workload, decisions)
+        if kind == "quota":
+            blocked[workload.workspace, workload.gpu_type] = (units, reason)
+        return kind, reason
+
     def _shortage(self, workload: Workload) -> str:
         nodes = "a node" if workload.replicas == 1 else f"{workload.replicas} nodes"
         if units_of(workload.gpus_per_replica) < UNIT:
@@ -283,7 +306,7 @@ class Engine:
                     reasons[key] = reason
                     break  # the queue blocks at its first workload that does not fit
 
-    def _portal_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
+    def _portal_pass(self, now: float, decisions: Decisions, reasons: dict[str, str], quick: bool = False) -> None:
         """Progressive filling: the workspace furthest below its fair share goes next.
 
         Work within a workspace's nominal quota goes before work that must borrow. A blocked
@@ -299,6 +322,7 @@ class Engine:
         heapq.heapify(heap)
         scanned = 0
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
+        blocked: dict[tuple[str, str], tuple[int, str]] | None = {} if quick else None
         while heap and scanned < self.policy.max_scan:
             _, _, name = heapq.heappop(heap)
             items = self.queues[name].items
@@ -312,11 +336,13 @@ class Engine:
                 reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
                 cursor[name] = position + 1
             else:
-                kind, reason = self._try_admit(workload, decisions)
+                kind, reason = self._try_admit_unless_blocked(workload, decisions, blocked)
                 if kind and preemption_tries > 0 and self._may_preempt_for(workload):
                     preemption_tries -= 1
                     if self._preempt_for(workload, now, decisions):
                         kind = reason = ""
+                        if blocked:
+                            blocked.clear()  # the evictions gave quota back
                 if kind:
                     reasons[key] = reason
                     if kind == "placement":
@@ -362,7 +388,7 @@ class Engine:
         units = units_of(workload.total_gpus)
         if self.ledger.used[name, gpu_type] + units <= self.ledger.nominal(name, gpu_type):
             return True
-        return any(r.workload.priority < workload.priority for r in self.running_by[name, gpu_type].values())
+        return any(priority < workload.priority for priority in self.priorities[name, gpu_type])
 
     def _victims(self, workload: Workload, now: float) -> list[_Running]:
         """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
@@ -396,6 +422,8 @@ class Engine:
     def _preempt_for(self, workload: Workload, now: float, decisions: Decisions) -> bool:
         """Evict the fewest, cheapest workloads that make room and admit `workload`; False if none do."""
         victims = self._victims(workload, now)
+        if not victims or not self._fits_without(workload, victims):  # cheap way out before the search
+            return False
         chosen: list[_Running] = []
         for running in victims:
             chosen.append(running)

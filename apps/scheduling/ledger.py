@@ -17,17 +17,21 @@ class Ledger:
         self.lend: dict[tuple[str, str], int] = defaultdict(int)  # per (cohort, type)
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.nominal_of: dict[tuple[str, str], int] = {}
+        self.limits_of: dict[tuple[str, str], tuple[int, int | None, int | None]] = {}
 
     def workspace(self, name: str) -> WorkspaceInfo:
         return self.workspaces.get(name) or WorkspaceInfo(name)
 
     def _limits(self, name: str, gpu_type: str) -> tuple[int, int | None, int | None]:
-        quota = self.workspace(name).quota(gpu_type)
-        return (
-            units_of(quota.nominal),
-            None if quota.borrowing_limit is None else units_of(quota.borrowing_limit),
-            None if quota.lending_limit is None else units_of(quota.lending_limit),
-        )
+        limits = self.limits_of.get((name, gpu_type))  # quotas are fixed for a ledger's life: convert once
+        if limits is None:
+            quota = self.workspace(name).quota(gpu_type)
+            limits = self.limits_of[name, gpu_type] = (
+                units_of(quota.nominal),
+                None if quota.borrowing_limit is None else units_of(quota.borrowing_limit),
+                None if quota.lending_limit is None else units_of(quota.lending_limit),
+            )
+        return limits
 
     def nominal(self, name: str, gpu_type: str) -> int:
         key = (name, gpu_type)
