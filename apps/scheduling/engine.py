@@ -497,7 +497,8 @@ class Engine:
         per_workspace: dict[str, int] = defaultdict(int)
         for cluster_position, workload in enumerate(order, start=1):
             per_workspace[workload.workspace] += 1
-            reason = reasons.get(workload.key) or f"in line: {cluster_position - 1} workloads ahead of it"
+            ahead = cluster_position - 1
+            reason = reasons.get(workload.key) or f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
             decisions.pending.append(
                 Pending(
                     workload.key,

@@ -598,7 +598,7 @@ def test_fifo_blocks_a_workspaces_queue_at_its_first_workload_that_does_not_fit(
     assert decisions.admitted == []
     assert reasons(decisions) == {
         "job:big": "waiting for a node with 4 free h100",
-        "job:small": "in line: 1 workloads ahead of it",
+        "job:small": "in line: 1 workload ahead of it",
     }
 
 
