@@ -105,6 +105,7 @@ class Engine:
         self.priorities: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)  # of running, per same key
         self.pending: dict[str, Workload] = {}
         self.queues: dict[str, _Queue] = defaultdict(_Queue)
+        self.slot_counts: dict[tuple[str, str, int], int] = {}  # see _slots
         self.rejected: list[Reject] = []
 
     # -- feeding it --------------------------------------------------------------------------------
@@ -180,13 +181,20 @@ class Engine:
                 f"can hold at most {fmt_units(ceiling)}"
             )
         for pool in self.pools_by_type.get(gpu_type, []):
-            slots = sum(
+            if self._slots(pool, units) >= workload.replicas:
+                return ""
+        return f"can never run: no cluster has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
+
+    def _slots(self, pool: Pool, units: int) -> int:
+        """How many replicas of `units` hundredths the pool's nodes hold when empty (counted once:
+        capacities do not change in an engine's life)."""
+        key = (pool.cluster, pool.gpu_type, units)
+        if key not in self.slot_counts:
+            self.slot_counts[key] = sum(
                 n.capacity * (UNIT // units) if units < UNIT else n.capacity // (units // UNIT)
                 for n in pool.nodes.values()
             )
-            if slots >= workload.replicas:
-                return ""
-        return f"can never run: no cluster has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
+        return self.slot_counts[key]
 
     # -- fair share --------------------------------------------------------------------------------
 
@@ -402,7 +410,8 @@ class Engine:
             ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
         }
         ranked = []
-        for running in self.running.values():
+        candidates = (borrowers if entitled else set()) | {name}  # only their work can be a victim below
+        for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
             victim = running.workload
             if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
                 continue
