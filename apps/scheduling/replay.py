@@ -1,0 +1,585 @@
+"""Replay a job trace through the scheduling engine in simulated time.
+
+Part of the pure scheduling core: no Django. The engine is fed submissions and completions as
+they happen on the trace's clock (nothing sleeps); a cycle runs only at timestamps where
+something happened. The replay keeps its own books, independently of the engine, to count
+quota violations and partial gangs.
+
+    python -m apps.scheduling.replay --trace jobs.csv --quotas quotas.csv \\
+        --gpus-per-node 8 --policy portal --json out.json
+
+See docs/scheduler.md for the policies, how preempted jobs resume and what each metric means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from apps.scheduling.engine import Engine
+from apps.scheduling.types import (
+    UNIT,
+    Admit,
+    Decisions,
+    Device,
+    NodeInfo,
+    Policy,
+    Quota,
+    Workload,
+    WorkspaceInfo,
+    units_of,
+)
+
+GPU_TYPE = "gpu"
+CLUSTER = "trace"
+COHORT = "all"
+HUNDREDTH = Decimal("0.01")
+TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
+QUOTA_COLUMNS = ("team", "gpus")
+METRIC_KEYS = (
+    "jobs", "avg_jct_s", "avg_duration_s", "p50_wait_s", "p95_wait_s", "p99_wait_s", "gpu_utilization",
+    "makespan_s", "jain_fairness_across_teams", "quota_violations", "partial_gangs", "preemptions", "rejected",
+    "decisions", "engine_cpu_s", "admissions_per_s",
+)  # fmt: skip
+
+
+class TraceError(Exception):
+    """Bad input: reported as one line, without a traceback."""
+
+
+# --- Input ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    submit_s: float
+    duration_s: float
+    num_gpus: Decimal
+    team: str
+    seq: int  # order in the trace file: ties at one submit time keep it
+
+
+@dataclass(frozen=True)
+class Options:
+    gpus_per_node: int = 8
+    policy: Policy = field(default_factory=Policy)
+    checkpoint_interval_s: float = 1800.0  # 0: no checkpoints, a preempted job starts over
+    restart_cost_s: float = 120.0  # added to every resumed run
+
+
+def _number(row: dict[str, str], column: str, where: str, *, positive: bool = False) -> Decimal:
+    raw = (row.get(column) or "").strip()
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise TraceError(f"{where}: {column} must be a number, got {raw!r}") from None
+    if not value.is_finite():
+        raise TraceError(f"{where}: {column} must be a finite number, got {raw!r}")
+    if value < 0 or (positive and value == 0):
+        raise TraceError(f"{where}: {column} must be {'above' if positive else 'at least'} 0, got {raw!r}")
+    return value
+
+
+def _rows(path: Path, columns: Sequence[str]) -> list[tuple[str, dict[str, str]]]:
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (expected {','.join(columns)})")
+            return [(f"{path} line {reader.line_num}", row) for row in reader]
+    except OSError as error:
+        raise TraceError(f"{path}: {error.strerror or error}") from None
+    except (csv.Error, UnicodeDecodeError) as error:
+        raise TraceError(f"{path}: not a readable CSV file ({error})") from None
+
+
+def read_trace(path: Path) -> list[Job]:
+    """Jobs in submission order; columns job_id,submit_time_s,duration_s,num_gpus,team[,status]."""
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    for seq, (where, row) in enumerate(_rows(path, TRACE_COLUMNS)):
+        job_id, team = (row.get("job_id") or "").strip(), (row.get("team") or "").strip()
+        if not job_id or not team:
+            raise TraceError(f"{where}: job_id and team must not be empty")
+        if job_id in seen:
+            raise TraceError(f"{where}: job_id {job_id!r} appears twice")
+        seen.add(job_id)
+        submit = float(_number(row, "submit_time_s", where))
+        duration = float(_number(row, "duration_s", where))
+        gpus = _number(row, "num_gpus", where, positive=True)
+        jobs.append(Job(job_id, submit, duration, gpus, team, seq))
+    jobs.sort(key=lambda j: (j.submit_s, j.seq))
+    return jobs
+
+
+def read_quotas(path: Path) -> dict[str, int]:
+    """Whole GPUs per team; columns team,gpus."""
+    quotas: dict[str, int] = {}
+    for where, row in _rows(path, QUOTA_COLUMNS):
+        team = (row.get("team") or "").strip()
+        gpus = _number(row, "gpus", where)
+        if not team:
+            raise TraceError(f"{where}: team must not be empty")
+        if gpus != gpus.to_integral_value():
+            raise TraceError(f"{where}: gpus must be a whole number, got {row['gpus'].strip()!r}")
+        if team in quotas:
+            raise TraceError(f"{where}: team {team!r} appears twice")
+        quotas[team] = int(gpus)
+    if sum(quotas.values()) == 0:
+        raise TraceError(f"{path}: the quotas add up to no GPUs, so the cluster would be empty")
+    return quotas
+
+
+# --- The simulated cluster ------------------------------------------------------------------------
+
+
+def gang_shape(num_gpus: Decimal, gpus_per_node: int) -> tuple[int, Decimal]:
+    """(replicas R, GPUs per replica G) for a job asking for `num_gpus`.
+
+    Below one GPU: one replica with that share, rounded up to a hundredth. Otherwise whole GPUs
+    (a fractional count above one is rounded up); up to a node's worth runs as one replica, more
+    as a gang of R = ceil(num / N) replicas of G = ceil(num / R) GPUs, the most even split that
+    never spans a node (R x G may then exceed num by less than R GPUs).
+    """
+    if num_gpus < 1:
+        return 1, max(HUNDREDTH, num_gpus.quantize(HUNDREDTH, rounding=ROUND_CEILING))
+    whole = math.ceil(num_gpus)
+    replicas = math.ceil(whole / gpus_per_node)
+    return replicas, Decimal(math.ceil(whole / replicas))
+
+
+def build_nodes(total_gpus: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
+    """ceil(total / N) nodes of N GPUs of one type; the last one smaller if N does not divide total."""
+    nodes = []
+    for number, first in enumerate(range(0, total_gpus, gpus_per_node)):
+        size = min(gpus_per_node, total_gpus - first)
+        devices = tuple(Device(i, Decimal(1)) for i in range(size))
+        nodes.append(NodeInfo(f"node-{number:04d}", CLUSTER, GPU_TYPE, devices))
+    return tuple(nodes)
+
+
+def build_workspaces(quotas: dict[str, int], teams: set[str], policy: Policy) -> tuple[WorkspaceInfo, ...]:
+    """One workspace per team. Under portal all are in one cohort and may borrow its idle quota."""
+    portal = policy.name == "portal"
+    return tuple(
+        WorkspaceInfo(
+            team,
+            (Quota(GPU_TYPE, Decimal(quotas[team])),) if team in quotas else (),
+            cohort=COHORT if portal else None,
+            can_borrow=portal,
+        )
+        for team in sorted(set(quotas) | teams)
+    )
+
+
+# --- The replay's own books -----------------------------------------------------------------------
+
+
+class Audit:
+    """What the engine admitted, checked without trusting it: quota use and device allocation."""
+
+    def __init__(self, quotas: dict[str, int], nodes: tuple[NodeInfo, ...], borrowing: bool):
+        self.nominal = {team: gpus * UNIT for team, gpus in quotas.items()}
+        self.borrowing = borrowing
+        self.used: dict[str, int] = defaultdict(int)
+        self.devices = {n.name: [UNIT] * len(n.devices) for n in nodes}  # free hundredths per device
+        self.quota_violations = 0
+        self.partial_gangs = 0
+
+    def admit(self, admit: Admit, workload: Workload) -> None:
+        if not self._placement_ok(admit, workload):
+            self.partial_gangs += 1
+        self.used[workload.workspace] += units_of(workload.total_gpus)
+        if not self._quota_ok(workload.workspace):
+            self.quota_violations += 1
+
+    def release(self, admit: Admit, workload: Workload) -> None:
+        self.used[workload.workspace] -= units_of(workload.total_gpus)
+        for replica in admit.placement:
+            free = self.devices.get(replica.node)
+            for index, share in replica.devices:
+                if free is not None and 0 <= index < len(free):
+                    free[index] += units_of(share)
+
+    def _quota_ok(self, team: str) -> bool:
+        """Without borrowing nobody exceeds its quota; with it (one cohort, no limits) what teams use
+        above their quotas must be covered by what the other teams leave idle of theirs."""
+        over = self.used[team] - self.nominal.get(team, 0)
+        if over <= 0:
+            return True
+        if not self.borrowing:
+            return False
+        borrowed = idle = 0
+        for name in self.nominal.keys() | self.used.keys():
+            balance = self.used.get(name, 0) - self.nominal.get(name, 0)
+            if balance > 0:
+                borrowed += balance
+            else:
+                idle -= balance
+        return borrowed <= idle
+
+    def _placement_ok(self, admit: Admit, workload: Workload) -> bool:
+        """R replicas, each on one node, each with shares adding up to G, no device over-allocated."""
+        share = units_of(workload.gpus_per_replica)
+        ok = len(admit.placement) == workload.replicas
+        for replica in admit.placement:
+            free = self.devices.get(replica.node)
+            indexes = [index for index, _ in replica.devices]
+            if free is None or len(set(indexes)) != len(indexes):
+                ok = False
+                continue
+            if sum(units_of(s) for _, s in replica.devices) != share:
+                ok = False
+            for index, portion in replica.devices:
+                if not 0 <= index < len(free) or units_of(portion) <= 0:
+                    ok = False
+                    continue
+                free[index] -= units_of(portion)
+                ok = ok and free[index] >= 0
+        return ok
+
+
+# --- The replay -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Progress:
+    job: Job
+    replicas: int
+    gpus_per_replica: Decimal
+    saved_s: float = 0.0  # work kept by checkpoints across preemptions
+    run_started_at: float = 0.0
+    restart_s: float = 0.0  # overhead at the start of the current run
+    end_at: float = 0.0  # when the current run ends unless preempted
+    admit: Admit | None = None
+    workload: Workload | None = None
+    finished_at: float | None = None
+
+
+class Replay:
+    """Feeds the engine the trace's submissions and completions in time order."""
+
+    def __init__(self, jobs: list[Job], quotas: dict[str, int], options: Options):
+        self.options = options
+        self.nodes = build_nodes(sum(quotas.values()), options.gpus_per_node)
+        workspaces = build_workspaces(quotas, {j.team for j in jobs}, options.policy)
+        self.engine = Engine(workspaces, self.nodes, options.policy)
+        self.audit = Audit(quotas, self.nodes, borrowing=options.policy.name == "portal")
+        self.jobs = jobs
+        self.progress: dict[str, _Progress] = {}
+        for job in jobs:
+            replicas, per_replica = gang_shape(job.num_gpus, options.gpus_per_node)
+            self.progress[job.job_id] = _Progress(job, replicas, per_replica)
+        self.ends: list[tuple[float, int, str]] = []  # (finish time, seq, job_id) of running jobs
+        self.wakeups: list[float] = []  # when a rule of time may change a decision (see _wake_at)
+        self.engine_cpu_s = 0.0
+        self.counts = {"admitted": 0, "preempted": 0, "rejected": 0, "cycles": 0}
+
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        started = time.process_time()
+        try:
+            return call()
+        finally:
+            self.engine_cpu_s += time.process_time() - started
+
+    def run(self) -> dict[str, Any]:
+        """One cycle at every timestamp where jobs end or arrive, or a rule of time expires while
+        work is pending; all ends first, then all arrivals."""
+        jobs, next_job = self.jobs, 0
+        while next_job < len(jobs) or self.ends:
+            now = min(
+                jobs[next_job].submit_s if next_job < len(jobs) else math.inf,
+                self.ends[0][0] if self.ends else math.inf,
+                self.wakeups[0] if self.wakeups else math.inf,
+            )
+            while self.wakeups and self.wakeups[0] <= now:
+                heapq.heappop(self.wakeups)
+            happened = False
+            while self.ends and self.ends[0][0] <= now:
+                self._finish(heapq.heappop(self.ends)[2], now)
+                happened = True
+            while next_job < len(jobs) and jobs[next_job].submit_s <= now:
+                self._submit(self.progress[jobs[next_job].job_id], now)
+                next_job, happened = next_job + 1, True
+            if happened or self.engine.pending:
+                self._cycle(now)
+        stuck = sorted(self.engine.pending)
+        if stuck:
+            raise RuntimeError(f"{len(stuck)} job(s) never started, e.g. {stuck[0]}: the engine stalled")
+        return self.metrics()
+
+    def _workload(self, progress: _Progress) -> Workload:
+        job = progress.job
+        return Workload(
+            job.job_id, job.team, GPU_TYPE, progress.gpus_per_replica, progress.replicas, seq=job.seq,
+            submitted_at=job.submit_s, expected_runtime_s=job.duration_s - progress.saved_s + progress.restart_s,
+        )  # fmt: skip
+
+    def _submit(self, progress: _Progress, now: float) -> None:
+        workload = self._workload(progress)
+        self._timed(lambda: self.engine.submit(workload))
+        if workload.replicas > 1 or workload.gpus_per_replica > 1:  # a gang: may starve, then get nodes held
+            self._wake_at(progress.job.submit_s + self.options.policy.starvation_s, now)
+
+    def _wake_at(self, moment: float, now: float) -> None:
+        """A cycle then even if no job arrives or ends: the portal's own loop would run one within
+        seconds, and a rule of time (a victim's min_runtime_s, a gang's starvation_s) expires."""
+        if self.options.policy.name == "portal" and moment > now:
+            heapq.heappush(self.wakeups, moment)
+
+    def _finish(self, job_id: str, now: float) -> None:
+        progress = self.progress[job_id]
+        self._timed(lambda: self.engine.finish(job_id, now))
+        assert progress.admit is not None and progress.workload is not None
+        self.audit.release(progress.admit, progress.workload)
+        progress.finished_at = now
+        progress.admit = progress.workload = None
+
+    def _cycle(self, now: float) -> None:
+        decisions: Decisions = self._timed(lambda: self.engine.cycle(now, explain=False))
+        self.counts["cycles"] += 1
+        self.counts["rejected"] += len(decisions.rejected)
+        admitted = {admit.key: admit for admit in decisions.admitted}
+        for preempt in decisions.preempted:
+            progress = self.progress[preempt.key]
+            if preempt.key in admitted:  # admitted earlier in this same cycle: checked, but it never ran
+                self.counts["preempted"] += 1
+                self.counts["admitted"] += 1
+                workload, admit = self._workload(progress), admitted.pop(preempt.key)
+                self.audit.admit(admit, workload)
+                self.audit.release(admit, workload)
+            else:
+                self._preempted(progress, now)
+        for admit in admitted.values():
+            self._admitted(self.progress[admit.key], admit, now)
+        if decisions.preempted:
+            # Victims go back in line at once, keeping their original place (seq, submit time).
+            for preempt in decisions.preempted:
+                self._submit(self.progress[preempt.key], now)
+
+    def _admitted(self, progress: _Progress, admit: Admit, now: float) -> None:
+        workload = self._workload(progress)
+        self.audit.admit(admit, workload)
+        self.counts["admitted"] += 1
+        progress.admit, progress.workload, progress.run_started_at = admit, workload, now
+        progress.end_at = now + progress.restart_s + progress.job.duration_s - progress.saved_s
+        heapq.heappush(self.ends, (progress.end_at, progress.job.seq, progress.job.job_id))
+        if self.options.policy.preemption:
+            self._wake_at(now + self.options.policy.min_runtime_s, now)  # it may be a victim from then on
+
+    def _preempted(self, progress: _Progress, now: float) -> None:
+        """Back to the last checkpoint: only whole checkpoint intervals of this run's work are kept."""
+        self.counts["preempted"] += 1
+        assert progress.admit is not None and progress.workload is not None
+        self.audit.release(progress.admit, progress.workload)
+        self.ends.remove((progress.end_at, progress.job.seq, progress.job.job_id))
+        heapq.heapify(self.ends)
+        worked = max(0.0, now - progress.run_started_at - progress.restart_s)
+        interval = self.options.checkpoint_interval_s
+        if interval > 0:
+            progress.saved_s += min(
+                interval * math.floor(worked / interval), progress.job.duration_s - progress.saved_s
+            )
+        progress.restart_s = self.options.restart_cost_s
+        progress.admit = progress.workload = None
+
+    def metrics(self) -> dict[str, Any]:
+        return compute_metrics(self)
+
+
+# --- Metrics --------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of sorted values (0 for none)."""
+    if not values:
+        return 0.0
+    rank = max(1, math.ceil(fraction * len(values)))
+    return values[rank - 1]
+
+
+def jain(values: list[float]) -> float:
+    """Jain's index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one gets everything."""
+    squares = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares else 1.0
+
+
+def compute_metrics(replay: Replay) -> dict[str, Any]:
+    done = [p for p in replay.progress.values() if p.finished_at is not None]
+    jct = [p.finished_at - p.job.submit_s for p in done if p.finished_at is not None]
+    waits = sorted(j - p.job.duration_s for j, p in zip(jct, done, strict=True))
+    speed: dict[str, list[float]] = defaultdict(list)  # per team: duration / JCT, 1 = no wait
+    for j, p in zip(jct, done, strict=True):
+        speed[p.job.team].append(p.job.duration_s / j if j > 0 else 1.0)
+    first = min((p.job.submit_s for p in done), default=0.0)
+    makespan = max((p.finished_at for p in done if p.finished_at is not None), default=first) - first
+    capacity = sum(len(n.devices) for n in replay.nodes)
+    useful = sum(float(p.job.num_gpus) * p.job.duration_s for p in done)
+    counts, cpu = replay.counts, replay.engine_cpu_s
+    result = {
+        "jobs": len(replay.progress),
+        "avg_jct_s": sum(jct) / len(jct) if jct else 0.0,
+        "avg_duration_s": sum(p.job.duration_s for p in done) / len(done) if done else 0.0,
+        "p50_wait_s": percentile(waits, 0.50),
+        "p95_wait_s": percentile(waits, 0.95),
+        "p99_wait_s": percentile(waits, 0.99),
+        "gpu_utilization": useful / (capacity * makespan) if makespan > 0 else 0.0,
+        "makespan_s": makespan,
+        "jain_fairness_across_teams": jain([sum(s) / len(s) for s in speed.values()]),
+        "quota_violations": replay.audit.quota_violations,
+        "partial_gangs": replay.audit.partial_gangs,
+        "preemptions": counts["preempted"],
+        "rejected": counts["rejected"],
+        "decisions": counts["admitted"] + counts["preempted"] + counts["rejected"],
+        "engine_cpu_s": cpu,
+        "admissions_per_s": counts["admitted"] / cpu if cpu > 0 else 0.0,
+    }
+    return {key: round(value, 6) if isinstance(value, float) else value for key, value in result.items()}
+
+
+# --- Command line ---------------------------------------------------------------------------------
+
+EXAMPLES = """\
+examples:
+  python -m apps.scheduling.replay --trace traces/philly_vc_jobs.csv --quotas traces/philly_vc_quota.csv \\
+      --gpus-per-node 8 --policy fifo --json fifo.json
+  python -m apps.scheduling.replay --trace traces/philly_vc_jobs.csv --quotas traces/philly_vc_quota.csv \\
+      --gpus-per-node 8 --policy portal --checkpoint-interval-s 3600 --restart-cost-s 300 --json -
+
+The JSON keys are defined in docs/scheduler.md ("Metrics").
+"""
+
+
+# The portal policy the replay uses unless told otherwise; docs/benchmarks.md shows how the Philly
+# figures move with each knob. min_runtime_s is 2 hours, not the portal's 10 minutes: fewer
+# evictions of work that has barely checkpointed. max_scan and max_preemption_tries bound the work
+# of each of the replay's many cycles (the portal's own bounds move the Philly figures < 1%).
+PORTAL = Policy(name="portal", max_scan=256, starvation_s=3600.0, min_runtime_s=7200.0, max_preemption_tries=8)
+
+
+def parser() -> argparse.ArgumentParser:
+    defaults = Options()
+    p = argparse.ArgumentParser(
+        prog="python -m apps.scheduling.replay",
+        description="Replay a job trace through the scheduling engine in simulated time and print its metrics.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--trace", type=Path, required=True, help="CSV: job_id,submit_time_s,duration_s,num_gpus,team[,status]"
+    )
+    p.add_argument("--quotas", type=Path, required=True, help="CSV: team,gpus; the cluster is their sum")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=defaults.gpus_per_node, help="GPUs per node (default %(default)s)"
+    )
+    p.add_argument("--policy", choices=("fifo", "portal"), default="portal", help="default %(default)s")
+    p.add_argument("--json", required=True, metavar="OUT", help="where to write the metrics; - for stdout")
+    p.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        default=defaults.checkpoint_interval_s,
+        help="seconds of work between checkpoints; 0: none, a preempted job starts over (default %(default)s)",
+    )
+    p.add_argument(
+        "--restart-cost-s",
+        type=float,
+        default=defaults.restart_cost_s,
+        help="seconds a resumed job spends before it does work again (default %(default)s)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="replay only the first LIMIT jobs of the trace file")
+    _add_knobs(p.add_argument_group("portal policy knobs (docs/scheduler.md; fifo ignores them)"))
+    return p  # fmt: skip
+
+
+def _add_knobs(knobs: argparse._ArgumentGroup) -> None:
+    knobs.add_argument(
+        "--max-scan", type=int, default=PORTAL.max_scan, help="pending jobs examined per cycle (default %(default)s)"
+    )
+    knobs.add_argument(
+        "--max-preemption-tries",
+        type=int,
+        default=PORTAL.max_preemption_tries,
+        help="preemption searches per cycle (default %(default)s)",
+    )
+    knobs.add_argument(
+        "--min-runtime-s",
+        type=float,
+        default=PORTAL.min_runtime_s,
+        help="never preempt a job that has run less than this (default %(default)s)",
+    )
+    knobs.add_argument(
+        "--starvation-s",
+        type=float,
+        default=PORTAL.starvation_s,
+        help="a gang blocked longer than this has nodes held for it (default %(default)s)",
+    )
+    knobs.add_argument(
+        "--half-life-s",
+        type=float,
+        default=PORTAL.half_life_s,
+        help="fair share: half-life of past use (default %(default)s)",
+    )
+    knobs.add_argument("--no-preemption", action="store_true", help="never preempt")  # fmt: skip
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    """The replay's options from the command line; TraceError for a value out of range."""
+    for name, least in (("gpus_per_node", 1), ("max_scan", 1), ("max_preemption_tries", 0), ("limit", 0)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise TraceError(f"--{name.replace('_', '-')} must be at least {least}")
+    for name in ("checkpoint_interval_s", "restart_cost_s", "starvation_s", "min_runtime_s", "half_life_s"):
+        value, above = getattr(args, name), name == "half_life_s"
+        if not math.isfinite(value) or value < 0 or (above and value == 0):
+            raise TraceError(f"--{name.replace('_', '-')} must be a finite number {'above' if above else 'at least'} 0")
+    if args.policy == "fifo":
+        policy = Policy(name="fifo", preemption=False)
+    else:
+        policy = Policy(
+            name="portal", max_scan=args.max_scan, starvation_s=args.starvation_s, min_runtime_s=args.min_runtime_s,
+            half_life_s=args.half_life_s, max_preemption_tries=args.max_preemption_tries,
+            preemption=not args.no_preemption,
+        )  # fmt: skip
+    return Options(args.gpus_per_node, policy, args.checkpoint_interval_s, args.restart_cost_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        options = options_from(args)
+        jobs = read_trace(args.trace)
+        if args.limit is not None:
+            jobs = sorted(jobs, key=lambda j: j.seq)[: args.limit]
+            jobs.sort(key=lambda j: (j.submit_s, j.seq))
+        quotas = read_quotas(args.quotas)
+    except TraceError as error:
+        print(f"replay: error: {error}", file=sys.stderr)
+        return 2
+    result = Replay(jobs, quotas, options).run()
+    text = json.dumps(result, indent=2) + "\n"
+    if args.json == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            Path(args.json).write_text(text)
+        except OSError as error:
+            print(f"replay: error: cannot write {args.json}: {error.strerror or error}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

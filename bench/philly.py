@@ -1,0 +1,85 @@
+"""Replay the Philly trace under fifo and portal, on one core, and check portal against its targets.
+
+    .venv/bin/python bench/philly.py [--traces ../shared/traces] [--out bench/out] [replay options...]
+
+Writes OUT/philly_fifo.json and OUT/philly_portal.json (the replay's metrics) and OUT/philly.json
+(both, the wall time of each replay, and each target with its verdict). Replay options after the
+known ones (e.g. --restart-cost-s 300) go to both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from apps.scheduling import replay  # noqa: E402
+
+
+def run(policy: str, traces: Path, out: Path, extra: list[str]) -> tuple[dict[str, Any], float]:
+    target = out / f"philly_{policy}.json"
+    argv = [
+        "--trace", str(traces / "philly_vc_jobs.csv"), "--quotas", str(traces / "philly_vc_quota.csv"),
+        "--gpus-per-node", "8", "--policy", policy, "--json", str(target), *extra,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    if replay.main(argv) != 0:
+        raise SystemExit(f"the {policy} replay failed")
+    return json.loads(target.read_text()), time.perf_counter() - started
+
+
+def targets(fifo: dict[str, Any], portal: dict[str, Any]) -> list[dict[str, Any]]:
+    def check(name: str, value: float, limit: float, ok: bool) -> dict[str, Any]:
+        return {"target": name, "value": round(value, 4), "limit": round(limit, 4), "met": ok}
+
+    return [
+        check("portal avg_jct_s <= 0.15 x fifo's", portal["avg_jct_s"], 0.15 * fifo["avg_jct_s"],
+              portal["avg_jct_s"] <= 0.15 * fifo["avg_jct_s"]),
+        check("portal avg_jct_s <= 1.25 x avg_duration_s", portal["avg_jct_s"], 1.25 * portal["avg_duration_s"],
+              portal["avg_jct_s"] <= 1.25 * portal["avg_duration_s"]),
+        check("portal gpu_utilization >= fifo's", portal["gpu_utilization"], fifo["gpu_utilization"],
+              portal["gpu_utilization"] >= fifo["gpu_utilization"]),
+        check("portal quota_violations == 0", portal["quota_violations"], 0, portal["quota_violations"] == 0),
+        check("portal partial_gangs == 0", portal["partial_gangs"], 0, portal["partial_gangs"] == 0),
+    ]  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    args, extra = p.parse_known_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    args.out.mkdir(parents=True, exist_ok=True)
+    fifo, fifo_s = run("fifo", args.traces, args.out, extra)
+    portal, portal_s = run("portal", args.traces, args.out, extra)
+    summary = {
+        "options": extra,
+        "fifo": fifo,
+        "portal": portal,
+        "wall_s": {"fifo": round(fifo_s, 1), "portal": round(portal_s, 1)},
+        "targets": targets(fifo, portal),
+    }
+    (args.out / "philly.json").write_text(json.dumps(summary, indent=2) + "\n")
+    width = max(len(k) for k in fifo)
+    print(f"{'':{width}}  {'fifo':>16}  {'portal':>16}")
+    for key in fifo:
+        print(f"{key:{width}}  {fifo[key]:>16}  {portal[key]:>16}")
+    print(f"{'wall_s':{width}}  {fifo_s:>16.1f}  {portal_s:>16.1f}")
+    for target in summary["targets"]:
+        print(
+            f"{'met' if target['met'] else 'MISSED':6}  {target['target']}: {target['value']} (limit {target['limit']})"
+        )
+    return 0 if all(t["met"] for t in summary["targets"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
