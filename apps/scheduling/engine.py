@@ -409,6 +409,7 @@ class Engine:
         borrowers = {
             ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
         }
+        cohort = self.ledger.workspace(name).cohort
         ranked = []
         candidates = (borrowers if entitled else set()) | {name}  # only their work can be a victim below
         for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
@@ -423,8 +424,10 @@ class Engine:
                 tier = 1
             else:
                 continue
-            # Cheapest first: lower priority, then the most recently started (least work lost).
-            ranked.append(((tier, victim.priority, -(victim.started_at or 0.0), victim.key), running))
+            # Cheapest first: borrowers of the same cohort (whose loan this is), lower priority, then the
+            # most recently started (least work lost).
+            elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
+            ranked.append(((tier, elsewhere, victim.priority, -(victim.started_at or 0.0), victim.key), running))
         ranked.sort(key=lambda pair: pair[0])
         return [running for _, running in ranked[: self.policy.max_victims]]
 
@@ -461,10 +464,13 @@ class Engine:
         assert not kind, "preemption must make room for the workload it was made for"
         return True
 
-    @staticmethod
-    def _victim_class(workload: Workload, running: _Running) -> tuple[int, int]:
-        """The cost order of `_victims` before recency: other workspaces' borrowers, then priority."""
-        return (0 if running.workload.workspace != workload.workspace else 1, running.workload.priority)
+    def _victim_class(self, workload: Workload, running: _Running) -> tuple[int, int, int]:
+        """The cost order of `_victims` before recency: other workspaces' borrowers (of the same cohort
+        first), then priority."""
+        victim = running.workload
+        cohort = self.ledger.workspace(workload.workspace).cohort
+        elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
+        return (0 if victim.workspace != workload.workspace else 1, elsewhere, victim.priority)
 
     def _fits_without(self, workload: Workload, victims: list[_Running]) -> bool:
         for running in victims:

@@ -90,9 +90,16 @@ class Ledger:
         nominal, borrowing_limit, _ = self._limits(name, gpu_type)
         used = self.used[name, gpu_type]
         after = used + units
-        if after <= nominal:
-            return True, 0, ""
         ws = self.workspace(name)
+        if after <= nominal:
+            lent_out = self._lent_out_after(name, gpu_type, used, after)
+            if lent_out > 0:  # its own quota is lent: the borrowers must give it back first
+                reason = (
+                    f"waiting for quota: {fmt_units(lent_out)} of workspace {name}'s {fmt_units(nominal)} "
+                    f"{gpu_type} are lent to others in cohort {ws.cohort}"
+                )
+                return False, 0, reason
+            return True, 0, ""
         reason = (
             f"waiting for quota: {fmt_units(used)} of {fmt_units(nominal)} {gpu_type} in use "
             f"in workspace {name}, this needs {fmt_units(units)}"
@@ -107,6 +114,15 @@ class Ledger:
             left = max(0, lendable - max(0, used - nominal))
             return False, 0, f"{reason}; cohort {ws.cohort} has {fmt_units(left)} idle to lend"
         return True, over - max(0, used - nominal), ""
+
+    def _lent_out_after(self, name: str, gpu_type: str, used: int, after: int) -> int:
+        """How much more the cohort's borrowers hold than it could lend once `name` uses `after`."""
+        cohort = self.workspace(name).cohort
+        if cohort is None or not self.borrowing:
+            return 0
+        lend = self.lend[cohort, gpu_type]
+        lend += self._contribution(name, gpu_type, after)[0] - self._contribution(name, gpu_type, used)[0]
+        return self.borrowed[cohort, gpu_type] - lend
 
     def most_lent(self, name: str, gpu_type: str) -> int:
         """The most a workspace lends when it uses nothing."""

@@ -35,9 +35,9 @@ def gpus_per_node(gpu_type: str) -> dict[int, list[int]]:
     """For each enabled cluster, the number of `gpu_type` GPUs on each of its nodes (a drained node
     comes back: work that needs it waits rather than being refused)."""
     per_node = Counter(
-        GPU.objects.filter(
-            gpu_type=gpu_type, node__pool__cluster__enabled=True
-        ).values_list("node__pool__cluster_id", "node_id")
+        GPU.objects.filter(gpu_type=gpu_type, node__pool__cluster__enabled=True).values_list(
+            "node__pool__cluster_id", "node_id"
+        )
     )
     clusters: dict[int, list[int]] = {}
     for (cluster_id, _), count in per_node.items():

@@ -569,12 +569,14 @@ class _Model:
         """Within nominal, or borrowing no more than its limit and than the cohort has idle to lend."""
         ws, used = self.workspaces[name], self.used[name, gpu_type]
         quota = ws.quota(gpu_type)
-        if used <= quota.nominal:
+        if used > quota.nominal:
+            if not (self.portal and ws.can_borrow and ws.cohort is not None):
+                return False
+            if quota.borrowing_limit is not None and used - quota.nominal > quota.borrowing_limit:
+                return False
+        if not self.portal or ws.cohort is None:
             return True
-        if not (self.portal and ws.can_borrow and ws.cohort is not None):
-            return False
-        if quota.borrowing_limit is not None and used - quota.nominal > quota.borrowing_limit:
-            return False
+        # Within its nominal quota too, the cohort's borrowers may not hold more than it can lend.
         cohort = [m for m in self.snap.workspaces if m.cohort == ws.cohort]
         borrowed = sum((max(D("0"), self.used[m.name, gpu_type] - m.quota(gpu_type).nominal) for m in cohort), D("0"))
         return borrowed <= sum((self._idle_to_lend(m, gpu_type) for m in cohort), D("0"))

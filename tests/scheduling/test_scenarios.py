@@ -344,7 +344,31 @@ def test_it_preempts_nothing_when_even_every_victim_would_not_make_room() -> Non
         )
     )
     assert decisions.preempted == []
-    assert reasons(decisions) == {"job:a": "waiting for a node with 4 free h100"}
+    assert reasons(decisions) == {
+        "job:a": "waiting for quota: 4 of workspace team-a's 8 h100 are lent to others in cohort lab"
+    }
+
+
+def test_it_keeps_a_cohort_within_its_quotas_when_another_cohort_has_idle_gpus() -> None:
+    # team-b borrows team-a's 4 GPUs; cohort "other" leaves 8 GPUs idle. team-a's own request
+    # must reclaim its loan, not spill onto the other cohort's capacity.
+    workspaces = (
+        ws("team-a", "4", cohort="lab"),
+        ws("team-b", "4", cohort="lab", can_borrow=True),
+        ws("team-x", "8", cohort="other"),
+    )
+    nodes = [node("n1", used=tuple(range(8))), node("n2")]
+    borrower = [running("job:b", "team-b", "n1", tuple(range(8)), started_at=0.0)]
+    decisions = schedule(snapshot(workspaces, nodes, borrower, [job("job:a", "team-a", "4")]))
+    assert [p.key for p in decisions.preempted] == ["job:b"]
+    assert admitted(decisions) == ["job:a"]
+
+    keep = [running("job:b", "team-b", "n1", tuple(range(8)), preemptible=False)]
+    decisions = schedule(snapshot(workspaces, nodes, keep, [job("job:a", "team-a", "4")]))
+    assert admitted(decisions) == [] and decisions.preempted == []
+    assert reasons(decisions) == {
+        "job:a": "waiting for quota: 4 of workspace team-a's 4 h100 are lent to others in cohort lab"
+    }
 
 
 # --- checkpoints ------------------------------------------------------------------------------
