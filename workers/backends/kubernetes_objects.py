@@ -1,0 +1,618 @@
+"""Kubernetes manifests for the Kubernetes backend, as pure functions (after KubeSpawner's objects.py).
+
+Every function takes plain values and returns plain dicts (the JSON the API server accepts); nothing here
+talks to a cluster, reads settings or imports Django, so every manifest can be checked against the
+Kubernetes schemas in a unit test. The backend owns the calls (create, 409 means done; delete, 404 means done).
+
+Names. Workspace, instance, notebook and job names are DNS-1123 labels already. Names built from several of
+them go through `dns_name`, which keeps them within 63 characters with a deterministic hash suffix. A
+namespace name always carries that hash: "team-a" + "dev" and "team" + "a-dev" would otherwise both give
+"gp-team-a-dev", and an idempotent create would then hand one tenant the other's namespace.
+
+Quantities. CPU is whole cores ("4"), memory is the profile's GB read as GiB ("16Gi"). Whole GPUs are asked
+for as `KubeSettings.gpu_resource_name` (the NVIDIA device plugin's "nvidia.com/gpu"), or as the resource
+`gpu_type_resources` names for the GPU type: a MIG profile is its own GPU type with whole counts
+(docs/fractional-gpus.md), e.g. {"a100-1g-10gb": "nvidia.com/mig-1g.10gb"}. A fraction of a GPU can only be
+had where the cluster shares GPUs by time-slicing with `renameByDefault` ("nvidia.com/gpu.shared", each GPU
+advertised `fractional_gpus_per_gpu` times): set `fractional_gpu_resource_name` to that resource; without
+it a fractional request is refused with `UnsupportedRequest`. Time-slicing does not isolate memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+Manifest = dict[str, Any]
+
+MANAGED_BY = "gpuportal"
+LABEL_WORKSPACE = "gpuportal.io/workspace"
+LABEL_INSTANCE = "gpuportal.io/instance"
+LABEL_COMPONENT = "gpuportal.io/component"
+LABEL_NAME = "gpuportal.io/name"
+JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JUPYTER_PORT = 8888
+TOKEN_KEY = "token"
+GANG_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX")
+
+# The vcluster Helm chart these values are written for: `helm install <name> vcluster --repo
+# https://charts.loft.sh --version 0.30.0 -n <namespace> -f values.yaml` (the vcluster.yaml format of 0.20+).
+VCLUSTER_CHART_REPO = "https://charts.loft.sh"
+VCLUSTER_CHART_NAME = "vcluster"
+VCLUSTER_CHART_VERSION = "0.30.0"
+
+
+class UnsupportedRequest(ValueError):
+    """The request cannot be expressed on this cluster: a policy refusal (the backend raises it as
+    `base.PolicyRefusal`), not a backend error."""
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """What differs from one cluster to the next; defaults suit ingress-nginx and NVIDIA's device plugin."""
+
+    ingress_namespace: str = "ingress-nginx"
+    ingress_class_name: str = "nginx"
+    ingress_mode: Literal["path", "host"] = "path"
+    # Path mode: the one host notebooks are served under (None: any host). Host mode: the parent domain.
+    ingress_host: str | None = None
+    ingress_tls_secret: str | None = None
+    gpu_resource_name: str = "nvidia.com/gpu"
+    gpu_type_resources: Mapping[str, str] = field(default_factory=dict)
+    fractional_gpu_resource_name: str | None = None
+    fractional_gpus_per_gpu: int = 4
+    # A node label whose value is the portal's GPU type (e.g. "h100"); None: do not pin GPU types to nodes.
+    gpu_type_node_label: str | None = None
+    namespace_prefix: str = "gp"
+    max_pods_per_namespace: int = 100
+    # Prepended to portal usernames in RoleBindings, as the API server's OIDC authenticator names users.
+    username_prefix: str = ""
+    master_port: int = 29500
+    job_ttl_after_finished_s: int = 3600
+
+
+@dataclass(frozen=True)
+class Size:
+    """What one pod (or one replica of a gang) gets: a profile's or a workload's size."""
+
+    cpu_cores: float
+    memory_gb: float
+    gpus: Decimal = Decimal(0)
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose object it is: every object carries these as labels."""
+
+    workspace: str
+    instance: str
+
+
+# -- names and labels -------------------------------------------------------------------------------------
+
+
+def dns_name(*parts: str, max_length: int = 63, always_hash: bool = False) -> str:
+    """Join DNS-1123 label parts with '-'; past `max_length` (or always, if asked) cut and add a hash.
+
+    The hash is of the parts themselves, so different part lists get different names even when their joins
+    agree, and the same parts always get the same name.
+    """
+    joined = "-".join(parts)
+    if len(joined) <= max_length and not always_hash:
+        return joined
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:10]
+    head = joined[: max_length - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def namespace_name(owner: Owner, settings: KubeSettings) -> str:
+    return dns_name(settings.namespace_prefix, owner.workspace, owner.instance, always_hash=True)
+
+
+def notebook_name(notebook: str) -> str:
+    # Services need a DNS-1035 label (a letter first); notebook names may start with a digit.
+    return dns_name("nb", notebook)
+
+
+def notebook_token_secret_name(notebook: str) -> str:
+    return dns_name("nb", notebook, "token")
+
+
+def job_name(job: str) -> str:
+    # An indexed Job's pods are named and hostnamed "<job>-<index>": leave room for "-1023".
+    return dns_name("job", job, max_length=58)
+
+
+def portal_labels(owner: Owner, component: str, name: str) -> dict[str, str]:
+    """The labels every object carries: who owns it and which portal object it belongs to."""
+    return {
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_WORKSPACE: owner.workspace,
+        LABEL_INSTANCE: owner.instance,
+        LABEL_COMPONENT: component,
+        LABEL_NAME: name,
+    }
+
+
+def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta.update(extra)
+    return meta
+
+
+# -- quantities -------------------------------------------------------------------------------------------
+
+
+def cpu_quantity(cores: float) -> str:
+    """Whole cores as "4", fractions as millicores ("1500m")."""
+    return str(int(cores)) if float(cores).is_integer() else f"{round(cores * 1000)}m"
+
+
+def memory_quantity(gb: float) -> str:
+    """GB read as GiB: "16Gi", or "1536Mi" for 1.5."""
+    return f"{int(gb)}Gi" if float(gb).is_integer() else f"{round(gb * 1024)}Mi"
+
+
+def gpu_resources(gpus: Decimal, gpu_type: str, settings: KubeSettings) -> dict[str, str]:
+    """The extended resource and count for `gpus` GPUs: whole GPUs, or shares of one where configured."""
+    if gpus <= 0:
+        return {}
+    if gpus == gpus.to_integral_value():
+        return {settings.gpu_type_resources.get(gpu_type, settings.gpu_resource_name): str(int(gpus))}
+    if settings.fractional_gpu_resource_name is None:
+        raise UnsupportedRequest(
+            f"{gpus.normalize():f} GPUs: this cluster has no shared-GPU resource (time-slicing or MIG) configured"
+        )
+    shares = math.ceil(gpus * settings.fractional_gpus_per_gpu)
+    return {settings.fractional_gpu_resource_name: str(shares)}
+
+
+def container_resources(size: Size, settings: KubeSettings) -> dict[str, dict[str, str]]:
+    """Requests equal to limits (Guaranteed QoS); extended resources only in limits (requests default to them)."""
+    base = {"cpu": cpu_quantity(size.cpu_cores), "memory": memory_quantity(size.memory_gb)}
+    return {"requests": dict(base), "limits": {**base, **gpu_resources(size.gpus, size.gpu_type, settings)}}
+
+
+def _pod_placement(size: Size, settings: KubeSettings) -> dict[str, Any]:
+    if size.gpus > 0 and size.gpu_type and settings.gpu_type_node_label:
+        return {"nodeSelector": {settings.gpu_type_node_label: size.gpu_type}}
+    return {}
+
+
+# -- a namespace per instance -----------------------------------------------------------------------------
+
+
+def namespace(owner: Owner, settings: KubeSettings) -> Manifest:
+    labels = portal_labels(owner, "namespace", owner.instance)
+    labels |= {"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "baseline"}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace_name(owner, settings), labels)}
+
+
+def resource_quota(owner: Owner, profile: Size, settings: KubeSettings) -> Manifest:
+    """The profile's size as the namespace's hard limits.
+
+    Every GPU resource the settings know of is capped, at 0 unless the profile grants it: otherwise a
+    namespace granted no GPUs could still ask for shared or MIG ones, which no quota would count.
+    """
+    cpu, memory = cpu_quantity(profile.cpu_cores), memory_quantity(profile.memory_gb)
+    known = [settings.gpu_resource_name, *settings.gpu_type_resources.values()]
+    if settings.fractional_gpu_resource_name:
+        known.append(settings.fractional_gpu_resource_name)
+    gpus = {resource: "0" for resource in known} | gpu_resources(profile.gpus, profile.gpu_type, settings)
+    hard = {"requests.cpu": cpu, "limits.cpu": cpu, "requests.memory": memory, "limits.memory": memory}
+    hard |= {f"requests.{resource}": count for resource, count in sorted(gpus.items())}
+    hard["pods"] = str(settings.max_pods_per_namespace)
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": _meta(
+            "gpuportal-quota", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
+        ),
+        "spec": {"hard": hard},
+    }
+
+
+def limit_range(owner: Owner, profile: Size, settings: KubeSettings) -> Manifest:
+    """Defaults for containers that name no resources (a quota on cpu/memory rejects such pods otherwise)."""
+    item = {
+        "type": "Container",
+        "defaultRequest": {
+            "cpu": cpu_quantity(min(0.25, profile.cpu_cores)),
+            "memory": memory_quantity(min(0.5, profile.memory_gb)),
+        },
+        "default": {
+            "cpu": cpu_quantity(min(1, profile.cpu_cores)),
+            "memory": memory_quantity(min(1, profile.memory_gb)),
+        },
+        "max": {"cpu": cpu_quantity(profile.cpu_cores), "memory": memory_quantity(profile.memory_gb)},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": _meta(
+            "gpuportal-limits", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
+        ),
+        "spec": {"limits": [item]},
+    }
+
+
+def service_account_name() -> str:
+    return "gpuportal-user"
+
+
+def role_binding(owner: Owner, usernames: Sequence[str], settings: KubeSettings) -> Manifest:
+    """The workspace's users (and the namespace's kubeconfig service account) get `edit` in the namespace only."""
+    ns = namespace_name(owner, settings)
+    users = [
+        {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": f"{settings.username_prefix}{name}"}
+        for name in sorted(set(usernames))
+    ]
+    account = {"kind": "ServiceAccount", "name": service_account_name(), "namespace": ns}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta("gpuportal-edit", portal_labels(owner, "namespace", owner.instance), ns),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [*users, account],
+    }
+
+
+def network_policy(owner: Owner, settings: KubeSettings) -> Manifest:
+    """Ingress only from pods of this namespace and from the ingress controller's namespace."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(
+            "gpuportal-isolate", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
+        ),
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {}},
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": settings.ingress_namespace}
+                            }
+                        },
+                    ]
+                }
+            ],
+        },
+    }
+
+
+def service_account(owner: Owner, settings: KubeSettings) -> Manifest:
+    ns = namespace_name(owner, settings)
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(service_account_name(), portal_labels(owner, "namespace", owner.instance), ns),
+    }
+
+
+def service_account_token_secret(owner: Owner, settings: KubeSettings) -> Manifest:
+    """A long-lived token for the service account; the token controller fills in `token` and `ca.crt`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",
+        "metadata": _meta(
+            f"{service_account_name()}-token",
+            portal_labels(owner, "namespace", owner.instance),
+            namespace_name(owner, settings),
+            annotations={"kubernetes.io/service-account.name": service_account_name()},
+        ),
+    }
+
+
+def namespace_objects(owner: Owner, profile: Size, usernames: Sequence[str], settings: KubeSettings) -> list[Manifest]:
+    """Everything an instance of kind "namespace" is, in the order to create it (the Namespace first)."""
+    return [
+        namespace(owner, settings),
+        resource_quota(owner, profile, settings),
+        limit_range(owner, profile, settings),
+        network_policy(owner, settings),
+        service_account(owner, settings),
+        service_account_token_secret(owner, settings),
+        role_binding(owner, usernames, settings),
+    ]
+
+
+def kubeconfig(*, username: str, server: str, ca_data: str, token: str, namespace: str) -> Manifest:
+    """A kubeconfig for `username` into one namespace.
+
+    `ca_data` is base64 PEM, as in the token Secret's `data["ca.crt"]`; `token` is the decoded token.
+    """
+    context = f"{username}@{namespace}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "gpuportal", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": username, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": "gpuportal", "user": username, "namespace": namespace}}],
+        "current-context": context,
+        "preferences": {},
+    }
+
+
+# -- a vcluster per instance ------------------------------------------------------------------------------
+
+
+def vcluster_release_name(owner: Owner) -> str:
+    return dns_name("vc", owner.instance, max_length=53)  # Helm release names: at most 53 characters
+
+
+def vcluster_values(owner: Owner, *, api_server_url: str) -> dict[str, Any]:
+    """Helm values for the vcluster chart (VCLUSTER_CHART_*), installed into the instance's namespace.
+
+    The chart's own quota, limit range and network policy stay off: the host namespace's objects from
+    `vcluster_host_objects` bound everything the virtual cluster syncs down to it.
+    """
+    return {
+        "controlPlane": {"distro": {"k8s": {"enabled": True}}},
+        "sync": {"toHost": {"ingresses": {"enabled": True}}},
+        "policies": {
+            "resourceQuota": {"enabled": False},
+            "limitRange": {"enabled": False},
+            "networkPolicy": {"enabled": False},
+        },
+        "exportKubeConfig": {
+            "server": api_server_url,
+            "secret": {"name": f"{vcluster_release_name(owner)}-kubeconfig"},
+        },
+    }
+
+
+def vcluster_host_objects(owner: Owner, profile: Size, settings: KubeSettings) -> list[Manifest]:
+    """The host namespace a vcluster lives in: users reach the vcluster, not the host, so no RoleBinding."""
+    return [
+        namespace(owner, settings),
+        resource_quota(owner, profile, settings),
+        limit_range(owner, profile, settings),
+        network_policy(owner, settings),
+    ]
+
+
+# -- notebooks --------------------------------------------------------------------------------------------
+
+
+def notebook_base_url(owner: Owner, notebook: str) -> str:
+    return f"/notebooks/{owner.workspace}/{notebook}/"
+
+
+def notebook_host(owner: Owner, notebook: str, settings: KubeSettings) -> str | None:
+    """The host a notebook's Ingress matches: one per notebook in host mode, the shared one in path mode."""
+    if settings.ingress_mode == "path":
+        return settings.ingress_host
+    if not settings.ingress_host:
+        raise UnsupportedRequest("host-based notebook ingress needs KubeSettings.ingress_host (the parent domain)")
+    return f"{dns_name(notebook, owner.workspace)}.{settings.ingress_host}"
+
+
+def notebook_url(owner: Owner, notebook: str, settings: KubeSettings) -> str:
+    """Where the browser opens the notebook (the token still has to be given)."""
+    host = notebook_host(owner, notebook, settings) or "<portal-host>"
+    scheme = "https" if settings.ingress_tls_secret else "http"
+    return f"{scheme}://{host}{notebook_base_url(owner, notebook)}"
+
+
+def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: KubeSettings) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(
+            notebook_token_secret_name(notebook),
+            portal_labels(owner, "notebook", notebook),
+            namespace_name(owner, settings),
+        ),
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _notebook_container(owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings) -> Manifest:
+    base_url = notebook_base_url(owner, notebook)
+    token_ref = {"secretKeyRef": {"name": notebook_token_secret_name(notebook), "key": TOKEN_KEY}}
+    return {
+        "name": "notebook",
+        "image": image,
+        # jupyter_server reads JUPYTER_TOKEN itself: the token never appears on a command line.
+        "command": [
+            "jupyter",
+            "server",
+            "--ip=0.0.0.0",
+            f"--port={JUPYTER_PORT}",
+            "--no-browser",
+            f"--ServerApp.base_url={base_url}",
+            "--ServerApp.trust_xheaders=True",
+        ],
+        "env": [{"name": "JUPYTER_TOKEN", "valueFrom": token_ref}],
+        "ports": [{"name": "http", "containerPort": JUPYTER_PORT}],
+        "resources": container_resources(size, settings),
+        # /api answers without a token once the server is up.
+        "readinessProbe": {"httpGet": {"path": f"{base_url}api", "port": "http"}, "periodSeconds": 5},
+    }
+
+
+def notebook_stateful_set(owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings) -> Manifest:
+    """One Jupyter server pod; a StatefulSet so a deleted pod comes back with the same name and DNS."""
+    name, labels = notebook_name(notebook), portal_labels(owner, "notebook", notebook)
+    pod_spec: dict[str, Any] = {
+        "containers": [_notebook_container(owner, notebook, image, size, settings)],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **_pod_placement(size, settings),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": dict(labels)},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }
+
+
+def notebook_service(owner: Owner, notebook: str, settings: KubeSettings) -> Manifest:
+    name, labels = notebook_name(notebook), portal_labels(owner, "notebook", notebook)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "spec": {
+            "selector": dict(labels),
+            "ports": [{"name": "http", "port": JUPYTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def notebook_ingress(owner: Owner, notebook: str, settings: KubeSettings) -> Manifest:
+    """Routes the notebook's base URL to its Service, on the shared host (path mode) or its own (host mode)."""
+    host = notebook_host(owner, notebook, settings)
+    backend = {"service": {"name": notebook_name(notebook), "port": {"name": "http"}}}
+    path = {"path": notebook_base_url(owner, notebook), "pathType": "Prefix", "backend": backend}
+    rule: dict[str, Any] = {"http": {"paths": [path]}}
+    if host:
+        rule["host"] = host
+    spec: dict[str, Any] = {"ingressClassName": settings.ingress_class_name, "rules": [rule]}
+    if settings.ingress_tls_secret:
+        spec["tls"] = [{"secretName": settings.ingress_tls_secret, **({"hosts": [host]} if host else {})}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": _meta(
+            notebook_name(notebook), portal_labels(owner, "notebook", notebook), namespace_name(owner, settings)
+        ),
+        "spec": spec,
+    }
+
+
+def notebook_objects(
+    owner: Owner, notebook: str, *, image: str, size: Size, token: str, settings: KubeSettings
+) -> list[Manifest]:
+    """A notebook, in the order to create it (the token Secret before the pod that reads it)."""
+    return [
+        notebook_token_secret(owner, notebook, token, settings),
+        notebook_service(owner, notebook, settings),
+        notebook_stateful_set(owner, notebook, image, size, settings),
+        notebook_ingress(owner, notebook, settings),
+    ]
+
+
+# -- jobs -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GangJob:
+    """A job as the portal admitted it: `replicas` pods of `size` each, all started together."""
+
+    name: str
+    image: str
+    command: str
+    size: Size
+    replicas: int = 1
+    env: Mapping[str, str] | None = None
+    max_runtime_s: int | None = None
+
+
+def master_address(job: str) -> str:
+    """Rank 0's DNS name inside the namespace: "<job>-0.<headless service>"."""
+    return f"{job_name(job)}-0.{job_name(job)}"
+
+
+def _gang_env(spec: GangJob, settings: KubeSettings) -> list[dict[str, Any]]:
+    reserved = sorted(set(spec.env or {}) & set(GANG_ENV))
+    if reserved:
+        raise UnsupportedRequest(f"these environment variables are set by the portal: {', '.join(reserved)}")
+    user = [{"name": key, "value": value} for key, value in sorted((spec.env or {}).items())]
+    index_ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}}
+    return [
+        *user,
+        {"name": "RANK", "valueFrom": index_ref},
+        {"name": "WORLD_SIZE", "value": str(spec.replicas)},
+        {"name": "MASTER_ADDR", "value": master_address(spec.name)},
+        {"name": "MASTER_PORT", "value": str(settings.master_port)},
+    ]
+
+
+def job(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest:
+    """An indexed Job created suspended: its pods only exist once the portal admits the whole gang.
+
+    backoffLimit 0 and no podFailurePolicy: a gang with one failed rank is broken, so the Job fails and the
+    portal (which owns retries and requeueing) decides what happens next, rather than Kubernetes restarting one
+    rank into a rendezvous that the others have left.
+    """
+    name, labels = job_name(spec.name), portal_labels(owner, "job", spec.name)
+    container = {
+        "name": "main",
+        "image": spec.image,
+        "command": ["/bin/sh", "-c", spec.command],
+        "env": _gang_env(spec, settings),
+        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
+        "resources": container_resources(spec.size, settings),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": name,
+        "containers": [container],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **_pod_placement(spec.size, settings),
+    }
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.replicas,
+        "parallelism": spec.replicas,
+        "suspend": True,
+        "backoffLimit": 0,
+        "ttlSecondsAfterFinished": settings.job_ttl_after_finished_s,
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+    }
+    if spec.max_runtime_s:
+        job_spec["activeDeadlineSeconds"] = spec.max_runtime_s
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "spec": job_spec,
+    }
+
+
+def job_service(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest:
+    """Headless Service that gives each pod of the gang the DNS name "<job>-<index>.<job>"."""
+    name, labels = job_name(spec.name), portal_labels(owner, "job", spec.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": dict(labels),
+            # Rank 0 must resolve while the gang is still rendezvousing, before anything is "ready".
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": settings.master_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def job_objects(owner: Owner, spec: GangJob, settings: KubeSettings) -> list[Manifest]:
+    """A job, in the order to create it (the Service first, so DNS exists before any pod)."""
+    return [job_service(owner, spec, settings), job(owner, spec, settings)]
+
+
+def job_release_patch() -> Manifest:
+    """JSON merge patch (application/merge-patch+json) that lets an admitted, suspended Job start its pods."""
+    return {"spec": {"suspend": False}}
