@@ -1,0 +1,192 @@
+"""The contract every orchestration backend implements (modelled on JupyterHub's Spawner).
+
+Nothing here imports Django: a backend is plain Python, driven by Celery tasks that own the row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+
+class PolicyRefusal(Exception):
+    """The request breaks a rule the user can fix (a bad env key, an artifact path outside the job).
+
+    The caller shows the message to the user as is, without a traceback, and does not retry.
+    """
+
+
+class BackendError(Exception):
+    """The backend could not do what was asked.
+
+    ``permanent=False`` (transient: out of pids, a cluster API timing out) may be retried by the
+    caller with backoff; ``permanent=True`` (a malformed spec, a job that already ran) must not be.
+    """
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass
+class JobSpec:
+    """What the caller asks a backend to run: one job, ``replicas`` processes started as a gang.
+
+    ``devices[r]`` lists the GPU indices replica ``r`` may use (a fractional GPU shares its index
+    with others); an empty ``devices`` means no GPU for any replica. ``cpu_cores`` and ``memory_gb``
+    are per replica. ``artifact_paths`` are relative to the job's directory under ``work_dir``.
+    ``max_runtime_s`` of ``None`` means no limit.
+    """
+
+    key: str
+    workspace: str
+    name: str
+    command: str
+    work_dir: str
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    devices: list[list[str]] = field(default_factory=list)
+    cpu_cores: float = 1.0
+    memory_gb: float = 1.0
+    max_runtime_s: float | None = None
+    artifact_paths: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a started workload can be reached (for a gang: its rendezvous address)."""
+
+    host: str
+    port: int
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class Status:
+    """What ``poll()`` saw: ``running``, or ``exited`` with the job's exit code."""
+
+    state: Literal["running", "exited"]
+    exit_code: int | None = None
+    message: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Self-reported progress: the last ``PROGRESS <fraction>`` line a job printed."""
+
+    fraction: float | None
+    line: str = ""
+
+
+class Artifact(NamedTuple):
+    """One file a job left behind: its path relative to the job directory, size and sha256 (hex)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of the inventory, as ``discover()`` reports it."""
+
+    index: str
+    name: str
+    memory_mb: int
+    uuid: str = ""
+
+
+class Backend:
+    """Runs workloads somewhere: this machine, a Slurm cluster, a Kubernetes cluster.
+
+    **How a backend is driven.** One backend object serves one workload. The caller (a Celery
+    task) creates it, calls ``load_state()`` with the JSON blob saved on the workload's row (empty
+    for a new workload), calls one or more hooks, then saves ``get_state()`` back on the row. A
+    worker may die between any two calls: everything a backend needs to find its workload again
+    goes into that blob, never into memory alone.
+
+    **What the caller owns, so that backends stay small.** Timeouts around every hook, retries
+    (only of ``BackendError`` with ``permanent=False``, with backoff), cleanup on failure (if
+    ``start()`` raises, the caller calls ``stop()`` and then ``clear_state()``), persisting the
+    state blob, and reconciling: a periodic task polls every running workload and converges the
+    row to what ``poll()`` says.
+
+    **Errors.** ``PolicyRefusal``: the user asked for something not allowed; the message is shown
+    to them, nothing is retried. ``BackendError(message, permanent=...)``: the backend failed;
+    transient ones may be retried, permanent ones fail the workload. Any other exception is a bug.
+
+    **What to override.** Every hook below; the base class implements none of them.
+    Hooks must be idempotent where the caller may repeat them: ``stop()`` on a stopped workload
+    and ``poll()`` after the exit are harmless and return the same answer.
+    """
+
+    #: The name the backend is chosen by in settings.
+    name: str = ""
+
+    def start(self, spec: JobSpec) -> Endpoint:
+        """Start the workload and return once it is really running (not merely submitted).
+
+        Returns where it can be reached. Calling ``start()`` again while the same workload runs
+        returns the same endpoint. Raises ``PolicyRefusal`` for a spec the user must fix,
+        ``BackendError`` otherwise; on either, nothing of the workload is left running.
+        """
+        raise NotImplementedError
+
+    def poll(self) -> Status:
+        """Return ``Status("running")`` or ``Status("exited", exit_code, message)``.
+
+        A workload has exited only when all its replicas have ended; the exit code is then the
+        first non-zero one, else 0, and the message says why (a failed replica, a runtime limit,
+        a stop). Once exited, later polls return the same status. Raises ``BackendError`` when
+        the truth cannot be learned (transient) or the state is unusable (permanent).
+        """
+        raise NotImplementedError
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Ask every replica to end (SIGTERM or the cluster's equivalent), force it after ``grace_s``.
+
+        Returns once nothing of the workload is left running. A no-op on a workload that has
+        ended or never started. Raises ``BackendError`` (transient) if something survived.
+        """
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, Any]:
+        """Return a JSON-serialisable blob from which a new backend object can reattach."""
+        raise NotImplementedError
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state()`` returned, possibly in another process after a restart.
+
+        Raises ``BackendError(permanent=True)`` for a blob this backend cannot read.
+        """
+        raise NotImplementedError
+
+    def clear_state(self) -> None:
+        """Forget the workload (after it ended and its outcome was recorded, or after a failed start)."""
+        raise NotImplementedError
+
+    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Return the log bytes of ``replica`` from ``offset`` on, and the offset to continue from.
+
+        Works while the workload runs and after it ended; returns ``(b"", offset)`` when there is
+        nothing new. Raises ``BackendError(permanent=True)`` for a replica that does not exist.
+        """
+        raise NotImplementedError
+
+    def artifacts(self) -> list[Artifact]:
+        """Return the files under the declared artifact paths: ``(path, size, sha256)``, sorted by path."""
+        raise NotImplementedError
+
+    def progress(self) -> Progress | None:
+        """Return the last ``PROGRESS <fraction>`` (0..1) the job printed, or ``None`` if none yet."""
+        raise NotImplementedError
+
+    def discover(self) -> list[GpuInfo]:
+        """Return the GPUs this backend can place work on (the inventory), in index order."""
+        raise NotImplementedError

@@ -1,0 +1,546 @@
+"""The local backend for jobs: each replica a real process group on this machine.
+
+A replica runs as ``bash -c <command>`` under a small bash wrapper that leads its own session
+(so one ``killpg`` reaches every descendant that stays in the group) and writes the command's
+exit status to a file: a worker restarted after the job ended can still read it, although it is
+no longer the processes' parent. Liveness is read from ``/proc``, with each pid's start time kept
+in the state so that a reused pid is never mistaken for ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workers.backends.base import (
+    Artifact,
+    Backend,
+    BackendError,
+    Endpoint,
+    GpuInfo,
+    JobSpec,
+    PolicyRefusal,
+    Progress,
+    Status,
+)
+
+STATE_VERSION = 1
+TIMEOUT_EXIT_CODE = 124  # as timeout(1): the job was killed for running past max_runtime_s
+UNKNOWN_EXIT_CODE = 255  # a replica ended without recording its status (killed from outside)
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_DEVICE_RE = re.compile(r"^[0-9]{1,3}$")
+_PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
+_RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+_INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+_LOG_CHUNK = 1 << 20
+_PROGRESS_TAIL = 64 << 10
+
+# $1 command, $2 exit-status file, $3 cgroup.procs to join ("" for none). Catching TERM (rather
+# than ignoring it) keeps the command's default disposition, and lets the wrapper record the
+# status once the command has ended; SIGKILL of the group leaves no file, which poll() handles.
+_WRAPPER = r"""
+if [ -n "$3" ]; then echo $$ > "$3" || echo "portal: could not join cgroup $3" >&2; fi
+trap ':' TERM INT HUP
+bash -c "$1"
+rc=$?
+echo "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"
+exit "$rc"
+"""
+
+
+class LocalBackend(Backend):
+    """Runs a job's replicas as process groups on this machine; ``spec.image`` is ignored here.
+
+    Settings: ``inventory`` declares the GPUs where there is no NVIDIA driver (else ``discover()``
+    asks ``nvidia-smi``); ``cgroup_root`` is where cgroup v2 limits are applied when it is a
+    writable cgroup2 hierarchy; ``teardown_grace_s`` is the SIGTERM-to-SIGKILL grace used when
+    ``poll()`` tears a gang down or enforces ``max_runtime_s``. Failed replicas and the runtime
+    limit are acted on at ``poll()``: the caller's reconcile loop is the watchdog.
+
+    Jobs get a clean environment (PATH, LANG, HOME = the job directory, the spec's env and the
+    rendezvous variables), never the worker's own, which holds the portal's secrets.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        inventory: list[GpuInfo] | None = None,
+        cgroup_root: str = "/sys/fs/cgroup",
+        teardown_grace_s: float = 5.0,
+    ) -> None:
+        self.inventory = inventory
+        self.cgroup_root = cgroup_root
+        self.teardown_grace_s = teardown_grace_s
+        self._state: dict[str, Any] = {}
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Return pids, pgids, start times, log and status files, the port and cgroup outcome."""
+        return _copy_json(self._state)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Reattach to a job started by another backend object, maybe in a process that died."""
+        if state and state.get("version") != STATE_VERSION:
+            raise BackendError(f"unknown local backend state version {state.get('version')!r}", permanent=True)
+        self._state = _copy_json(state)
+        self._procs = {}
+
+    def clear_state(self) -> None:
+        """Forget the job; its directory (logs, artifacts) stays on disk."""
+        self._state = {}
+        self._procs = {}
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, spec: JobSpec) -> Endpoint:
+        """Start every replica; return the gang's rendezvous address (127.0.0.1, MASTER_PORT).
+
+        ``PolicyRefusal`` for bad env keys or artifact paths; ``BackendError(permanent=True)`` for
+        a malformed spec or a job that already ran on this state; ``BackendError`` transient when
+        a process could not be created (replicas already started are killed first).
+        """
+        if self._state:
+            if self._state.get("key") == spec.key and self._alive_ranks():
+                return self._endpoint()
+            raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
+        _validate(spec)
+        job_dir = Path(spec.work_dir, spec.key).resolve()
+        internal = job_dir / ".portal"
+        internal.mkdir(parents=True, exist_ok=True)
+        (job_dir / "artifacts").mkdir(exist_ok=True)
+        for stale in internal.glob("replica-*.exit"):
+            stale.unlink()
+        port = _free_port()
+        cgroup_procs, cgroup_state = self._prepare_cgroups(spec)
+        self._state = {
+            "version": STATE_VERSION,
+            "key": spec.key,
+            "job_dir": str(job_dir),
+            "port": port,
+            "started_at": time.time(),
+            "max_runtime_s": spec.max_runtime_s,
+            "artifact_paths": spec.artifact_paths or ["artifacts"],
+            "cgroup": cgroup_state,
+            "replicas": [],
+        }
+        try:
+            for rank in range(spec.replicas):
+                self._spawn(spec, rank, port, cgroup_procs[rank] if cgroup_procs else "")
+        except OSError as exc:
+            self._terminate(grace_s=0.0, reason=f"start failed: {exc}")
+            raise BackendError(f"could not start replica: {exc}", permanent=False) from exc
+        return self._endpoint()
+
+    def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
+        job_dir = Path(self._state["job_dir"])
+        log_path = job_dir / ".portal" / f"replica-{rank}.log"
+        exit_path = job_dir / ".portal" / f"replica-{rank}.exit"
+        devices = spec.devices[rank] if spec.devices else []
+        env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update(spec.env)
+        env.update(
+            HOME=str(job_dir),
+            PYTHONUNBUFFERED="1",
+            PORTAL_JOB_KEY=spec.key,
+            PORTAL_ARTIFACTS_DIR=str(job_dir / "artifacts"),
+            CUDA_VISIBLE_DEVICES=",".join(devices),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(spec.replicas),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        argv = ["bash", "-c", _WRAPPER, "portal-job", spec.command, str(exit_path), cgroup_procs]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=job_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._procs[rank] = proc
+        stat = _read_stat(proc.pid)
+        self._state["replicas"].append(
+            {
+                "rank": rank,
+                "pid": proc.pid,
+                "pgid": proc.pid,  # a session leader leads its own process group
+                "start_ticks": stat.start_ticks if stat else 0,
+                "devices": devices,
+                "log": str(log_path),
+                "exit_file": str(exit_path),
+            }
+        )
+
+    def _endpoint(self) -> Endpoint:
+        return Endpoint(host="127.0.0.1", port=int(self._state["port"]))
+
+    # -- poll / stop ---------------------------------------------------------------------------
+
+    def poll(self) -> Status:
+        """Running while any replica runs; tears the gang down when one fails or time runs out.
+
+        The exit code is the first non-zero one by the time it was recorded (the replica that
+        failed, not the ones killed because of it), else 0; ``TIMEOUT_EXIT_CODE`` after the
+        runtime limit. Stragglers left in a group after its replica ended are killed.
+        """
+        if not self._state:
+            raise BackendError("nothing was started on this backend", permanent=True)
+        final = self._state.get("final")
+        if final:
+            return Status("exited", final["exit_code"], final["message"])
+        alive = self._alive_ranks()
+        if alive:
+            limit = self._state.get("max_runtime_s")
+            if limit is not None and time.time() - self._state["started_at"] > limit:
+                self._terminate(self.teardown_grace_s, f"killed after exceeding max runtime of {limit:g}s")
+                self._state["killed"]["exit_code"] = TIMEOUT_EXIT_CODE
+                return self._finish()
+            failed = self._failed_replica(alive)
+            if failed is None:
+                return Status("running")
+            rank, code = failed
+            self._terminate(self.teardown_grace_s, f"replica {rank} exited with code {code}; the gang was torn down")
+            self._state["killed"]["exit_code"] = code
+        return self._finish()
+
+    def _failed_replica(self, alive: list[int]) -> tuple[int, int] | None:
+        """The first replica that ended with a non-zero code (or without recording one), if any."""
+        recorded = self._recorded_exits()
+        failed = [(rank, code) for rank, code, _ in recorded if code != 0]
+        if failed:
+            return failed[0]
+        done = {rank for rank, _, _ in recorded} | set(alive)
+        vanished = [r["rank"] for r in self._state["replicas"] if r["rank"] not in done]
+        if vanished:
+            code = self._unrecorded_code(vanished[0])
+            return (vanished[0], code) if code != 0 else None
+        return None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every replica's process group, SIGKILL after ``grace_s``; verified in /proc."""
+        if not self._state or self._state.get("final"):
+            return
+        if self._alive_ranks() or any(self._group_members(r) for r in self._state["replicas"]):
+            self._terminate(grace_s, "stopped on request")
+        self._finish()
+
+    def _finish(self) -> Status:
+        """Record the final status once every replica has ended; kill what is left in the groups."""
+        for replica in self._state["replicas"]:
+            self._signal_group(replica, signal.SIGKILL)
+        self._wait_groups_empty(deadline=time.monotonic() + 5.0)
+        killed = self._state.get("killed") or {}
+        code = killed.get("exit_code")
+        if code is None:
+            codes = [c for _, c, _ in self._recorded_exits()] + self._unrecorded_exit_codes()
+            code = next((c for c in codes if c != 0), 0)
+        message = killed.get("reason") or ("exited" if code == 0 else f"exited with code {code}")
+        self._state["final"] = {"exit_code": code, "message": message, "ended_at": time.time()}
+        self._remove_cgroups()
+        return Status("exited", code, message)
+
+    def _terminate(self, grace_s: float, reason: str) -> None:
+        """SIGTERM all groups, wait up to ``grace_s``, SIGKILL survivors; raise if any remain."""
+        self._state.setdefault("killed", {"reason": reason, "signal": int(signal.SIGTERM)})
+        for replica in self._state["replicas"]:
+            self._signal_group(replica, signal.SIGTERM)
+        if self._wait_groups_empty(deadline=time.monotonic() + grace_s):
+            return
+        self._state["killed"]["signal"] = int(signal.SIGKILL)
+        for replica in self._state["replicas"]:
+            self._signal_group(replica, signal.SIGKILL)
+        if not self._wait_groups_empty(deadline=time.monotonic() + 5.0):
+            raise BackendError("processes of the job survived SIGKILL", permanent=False)
+
+    def _wait_groups_empty(self, deadline: float) -> bool:
+        while True:
+            self._reap()
+            if not any(self._group_members(r) for r in self._state["replicas"]):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def _signal_group(self, replica: dict[str, Any], sig: signal.Signals) -> None:
+        # Only signal a group that still has members of ours: while any lives, the pgid cannot be
+        # handed to a new process, so the signal cannot reach a stranger.
+        if self._group_members(replica):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(replica["pgid"], sig)
+
+    def _group_members(self, replica: dict[str, Any]) -> list[int]:
+        return [
+            stat.pid
+            for stat in _iter_stats()
+            if stat.pgid == replica["pgid"] and stat.alive and stat.start_ticks >= replica["start_ticks"]
+        ]
+
+    def _reap(self) -> None:
+        for proc in self._procs.values():
+            proc.poll()
+
+    def _alive_ranks(self) -> list[int]:
+        self._reap()
+        alive = []
+        for replica in self._state.get("replicas", []):
+            stat = _read_stat(replica["pid"])
+            if stat and stat.alive and stat.start_ticks == replica["start_ticks"]:
+                alive.append(replica["rank"])
+        return alive
+
+    def _recorded_exits(self) -> list[tuple[int, int, int]]:
+        """(rank, exit code, mtime_ns) of each replica whose wrapper recorded a status, oldest first."""
+        exits = []
+        for replica in self._state["replicas"]:
+            try:
+                path = Path(replica["exit_file"])
+                code = int(path.read_text().strip())
+                exits.append((replica["rank"], code, path.stat().st_mtime_ns))
+            except (OSError, ValueError):
+                continue
+        return sorted(exits, key=lambda e: (e[2], e[0]))
+
+    def _unrecorded_exit_codes(self) -> list[int]:
+        """Codes of replicas that left no status file: killed by a signal, ours or someone else's."""
+        recorded = {rank for rank, _, _ in self._recorded_exits()}
+        return [self._unrecorded_code(r["rank"]) for r in self._state["replicas"] if r["rank"] not in recorded]
+
+    def _unrecorded_code(self, rank: int) -> int:
+        proc = self._procs.get(rank)
+        if proc is not None and proc.returncode is not None:
+            return 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+        killed = self._state.get("killed")
+        return 128 + int(killed["signal"]) if killed else UNKNOWN_EXIT_CODE
+
+    # -- logs, artifacts, progress, inventory --------------------------------------------------
+
+    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Read up to 1 MiB of ``replica``'s combined stdout/stderr from ``offset``."""
+        replicas = self._state.get("replicas", [])
+        if not 0 <= replica < len(replicas):
+            raise BackendError(f"no replica {replica}", permanent=True)
+        try:
+            with open(replicas[replica]["log"], "rb") as log:
+                log.seek(offset)
+                data = log.read(_LOG_CHUNK)
+        except FileNotFoundError:
+            return b"", offset
+        return data, offset + len(data)
+
+    def artifacts(self) -> list[Artifact]:
+        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
+        if not self._state:
+            return []
+        job_dir = Path(self._state["job_dir"])
+        found: dict[str, Artifact] = {}
+        for declared in self._state["artifact_paths"]:
+            for path in _walk_files(job_dir / declared):
+                real = path.resolve()
+                if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
+                    continue
+                rel = path.relative_to(job_dir).as_posix()
+                found[rel] = Artifact(rel, real.stat().st_size, _sha256(real))
+        return sorted(found.values())
+
+    def progress(self) -> Progress | None:
+        """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
+        replicas = self._state.get("replicas", [])
+        if not replicas:
+            return None
+        try:
+            with open(replicas[0]["log"], "rb") as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
+                tail = log.read()
+        except FileNotFoundError:
+            return None
+        matches = list(_PROGRESS_RE.finditer(tail))
+        if not matches:
+            return None
+        last = matches[-1]
+        fraction = min(1.0, max(0.0, float(last.group(1))))
+        return Progress(fraction, last.group(0).decode("utf-8", "replace").strip())
+
+    def discover(self) -> list[GpuInfo]:
+        """The declared inventory if any, else what ``nvidia-smi`` reports, else no GPU."""
+        if self.inventory is not None:
+            return list(self.inventory)
+        if shutil.which("nvidia-smi") is None:
+            return []
+        query = "--query-gpu=index,name,memory.total,uuid"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BackendError(f"nvidia-smi failed: {exc}", permanent=False) from exc
+        return parse_nvidia_smi(out)
+
+    # -- cgroups -------------------------------------------------------------------------------
+
+    def _prepare_cgroups(self, spec: JobSpec) -> tuple[list[str], dict[str, Any]]:
+        """Create one cgroup v2 per replica with cpu.max and memory.max; never fail the job for it."""
+        root = Path(self.cgroup_root)
+        if not _is_cgroup2(root):
+            return [], {"applied": False, "reason": f"{root} is not a cgroup2 hierarchy", "paths": []}
+        paths: list[str] = []
+        try:
+            parent = root / "gpuportal"
+            parent.mkdir(exist_ok=True)
+            _write(root / "cgroup.subtree_control", "+cpu +memory")
+            _write(parent / "cgroup.subtree_control", "+cpu +memory")
+            for rank in range(spec.replicas):
+                group = parent / f"{spec.key}-r{rank}"
+                group.mkdir(exist_ok=True)
+                paths.append(str(group))
+                _write(group / "cpu.max", f"{max(1000, int(spec.cpu_cores * 100_000))} 100000")
+                _write(group / "memory.max", str(int(spec.memory_gb * (1 << 30))))
+        except OSError as exc:
+            for path in [*paths, str(root / "gpuportal")]:
+                _rmdir_quietly(path)
+            return [], {"applied": False, "reason": f"cgroup setup failed: {exc}", "paths": []}
+        limits = {"cpu_cores": spec.cpu_cores, "memory_gb": spec.memory_gb}
+        return [f"{p}/cgroup.procs" for p in paths], {"applied": True, "reason": "", "paths": paths, **limits}
+
+    def _remove_cgroups(self) -> None:
+        for path in self._state.get("cgroup", {}).get("paths", []):
+            _rmdir_quietly(path)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+class _Stat:
+    __slots__ = ("pid", "state", "pgid", "start_ticks")
+
+    def __init__(self, pid: int, state: str, pgid: int, start_ticks: int) -> None:
+        self.pid, self.state, self.pgid, self.start_ticks = pid, state, pgid, start_ticks
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X", "x")
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return _Stat(pid, fields[0], int(fields[2]), int(fields[19]))
+
+
+def _iter_stats() -> Iterator[_Stat]:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _read_stat(int(entry))
+            if stat is not None:
+                yield stat
+
+
+def _validate(spec: JobSpec) -> None:
+    if not _KEY_RE.match(spec.key):
+        raise BackendError(f"job key {spec.key!r} is not a safe directory name", permanent=True)
+    if spec.replicas < 1:
+        raise BackendError("a job needs at least one replica", permanent=True)
+    if spec.devices and len(spec.devices) != spec.replicas:
+        raise BackendError(f"{len(spec.devices)} device lists for {spec.replicas} replicas", permanent=True)
+    if any(not _DEVICE_RE.match(d) for replica in spec.devices for d in replica):
+        raise BackendError(f"device indices must be small integers: {spec.devices}", permanent=True)
+    for key, value in spec.env.items():
+        if not _ENV_KEY_RE.match(key):
+            raise PolicyRefusal(f"{key!r} is not a valid environment variable name")
+        if key in _RESERVED_ENV or key.startswith("PORTAL_"):
+            raise PolicyRefusal(f"{key} is set by the portal and cannot be overridden")
+        if "\0" in value:
+            raise PolicyRefusal(f"the value of {key} contains a NUL byte")
+    for declared in spec.artifact_paths:
+        normal = os.path.normpath(declared)
+        if os.path.isabs(declared) or normal == ".." or normal.startswith("../") or normal.startswith(".portal"):
+            raise PolicyRefusal(f"artifact path {declared!r} must be relative and inside the job directory")
+
+
+def _walk_files(path: Path) -> Iterator[Path]:
+    if path.is_symlink() or path.is_file():
+        yield path
+    elif path.is_dir():
+        for dirpath, _, filenames in os.walk(path):  # does not descend into symlinked directories
+            for filename in filenames:
+                yield Path(dirpath, filename)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _free_port() -> int:
+    # The port is free now; a process could take it before rank 0 binds it (a small, known race).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _is_cgroup2(root: Path) -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[1:3] == [str(root), "cgroup2"] for line in mounts if len(line.split()) > 2)
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:  # a failed write() names no file: say which one, for the state's reason
+        raise OSError(exc.errno, f"writing {value!r} to {path}: {exc.strerror}") from exc
+
+
+def _rmdir_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _copy_json(value: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = json.loads(json.dumps(value))
+    return copied
+
+
+def parse_nvidia_smi(out: str) -> list[GpuInfo]:
+    """Parse ``nvidia-smi --query-gpu=index,name,memory.total,uuid --format=csv,noheader,nounits``."""
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            gpus.append(GpuInfo(index=parts[0], name=parts[1], memory_mb=int(float(parts[2])), uuid=parts[3]))
+    return gpus
