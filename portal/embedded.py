@@ -111,6 +111,9 @@ def main() -> int:
         return 0
     finally:
         _stop(children)
+        # Jobs run in their own process groups, so that a worker restart does not kill them: stop
+        # them too, and requeue them for the next start.
+        _manage("stop_local_jobs")
 
 
 if __name__ == "__main__":

@@ -233,7 +233,14 @@ PORTAL_LOCAL_MEMORY_GB = env_int("PORTAL_LOCAL_MEMORY_GB", 512, minimum=1)
 # How an action asks for a scheduling cycle once its transaction commits:
 # "task" queues a Celery task, "inline" runs the cycle in-process, "off" leaves it to the loop.
 PORTAL_SCHEDULER_TRIGGER = env_choice("PORTAL_SCHEDULER_TRIGGER", ("task", "inline", "off"), "task")
-PORTAL_SCHEDULER_INTERVAL_S = env_int("PORTAL_SCHEDULER_INTERVAL_S", 5, minimum=1, maximum=3600)
+PORTAL_SCHEDULER_INTERVAL_S = env_int("PORTAL_SCHEDULER_INTERVAL_S", 2, minimum=1, maximum=3600)
+# How an admission, a cancel or a preemption reaches the backend once committed: "task" (Celery),
+# "inline" (in-process), "off" (the scheduler loop's reconcile picks it up).
+PORTAL_WORKLOAD_TRIGGER = env_choice("PORTAL_WORKLOAD_TRIGGER", ("task", "inline", "off"), "task")
+# Where the local backend keeps each job's directory: logs, artifacts.
+# An admitted job the worker has not started after this long is started by the reconcile loop.
+PORTAL_START_LOST_AFTER_S = env_int("PORTAL_START_LOST_AFTER_S", 30, minimum=1)
+PORTAL_WORK_DIR = Path(env_str("PORTAL_WORK_DIR", str(DATA_DIR / "work")))
 # The cluster policy (docs/scheduler.md): "portal" (fair share, borrowing, preemption, backfill)
 # or "fifo" (per-workspace hard quota and FIFO queue, as most labs run today).
 PORTAL_SCHEDULER_POLICY = env_choice("PORTAL_SCHEDULER_POLICY", ("portal", "fifo"), "portal")

@@ -11,6 +11,8 @@ from tests.personas import World, make_world
 def _scheduler_runs_inline(settings: Any) -> None:
     """Actions run their scheduling cycle in-process on commit: deterministic tests."""
     settings.PORTAL_SCHEDULER_TRIGGER = "inline"
+    # Admitted jobs start only where a test asks for it (PORTAL_WORKLOAD_TRIGGER = "inline").
+    settings.PORTAL_WORKLOAD_TRIGGER = "off"
 
 
 @pytest.fixture(autouse=True)

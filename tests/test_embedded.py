@@ -23,14 +23,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_for_state(job_url: str, headers: dict[str, str], states: set[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while state not in states and time.monotonic() < deadline:
+        state = requests.get(job_url, headers=headers, timeout=10).json()["state"]
+        time.sleep(0.3)
+    return state
+
+
 def _processes_with(marker: str) -> list[int]:
-    """Pids whose environment mentions `marker` (the run's private data directory)."""
+    """Pids whose environment or command line mentions `marker` (the run's private data directory)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if marker.encode() in (entry / "environ").read_bytes():
+            if marker.encode() in (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -90,26 +99,25 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         gpus = requests.get(f"{url}/api/v1/gpus/", headers=headers, timeout=10).json()
         assert gpus["count"] >= 1
 
-        # A job submitted over HTTP is admitted by the worker and scheduler processes.
+        # A job submitted over HTTP is admitted by the scheduler, started by the worker on this
+        # machine, and followed to its end by the reconcile loop.
+        body = {"workspace": "admin", "name": "hello", "command": "echo hi from $CUDA_VISIBLE_DEVICES"}
         job = requests.post(
             f"{url}/api/v1/jobs/",
-            json={
-                "workspace": "admin",
-                "name": "hello",
-                "command": "echo hi",
-                "gpu_type": "h100",
-                "gpus_per_replica": "1",
-            },  # fmt: skip
+            json={**body, "gpu_type": "h100", "gpus_per_replica": "1"},
             headers=headers,
             timeout=10,
         )
         assert job.status_code == 201, job.text
-        deadline = time.monotonic() + 30
-        state = job.json()["state"]
-        while state == "QUEUED" and time.monotonic() < deadline:
-            time.sleep(0.5)
-            state = requests.get(f"{url}/api/v1/jobs/{job.json()['id']}/", headers=headers, timeout=10).json()["state"]
-        assert state == "ADMITTED"
+        job_url = f"{url}/api/v1/jobs/{job.json()['id']}/"
+        assert _wait_for_state(job_url, headers, {"SUCCEEDED", "FAILED"}) == "SUCCEEDED"
+        assert requests.get(f"{job_url}logs/", headers=headers, timeout=10).json()["text"] == "hi from 0\n"
+
+        # A job still running when the portal stops is stopped with it (its command names the
+        # data directory, so the check for stray processes below would see it).
+        body = {"workspace": "admin", "name": "sleeper", "command": f"sleep 300 # {data_dir}"}
+        sleeper = requests.post(f"{url}/api/v1/jobs/", json=body, headers=headers, timeout=10).json()
+        assert _wait_for_state(f"{url}/api/v1/jobs/{sleeper['id']}/", headers, {"RUNNING"}) == "RUNNING"
     finally:
         code = portal.stop()
     assert code == 0, "".join(portal.output)

@@ -7,6 +7,8 @@ from typing import Any
 from celery import shared_task
 from django.db import connection
 
+from workers.backends.base import BackendError
+
 
 @shared_task(name="portal.ping")
 def ping() -> dict[str, Any]:
@@ -23,3 +25,34 @@ def schedule_cycle() -> dict[str, Any]:
 
     result = run_cycle()
     return {"admitted": result.admitted, "pending": result.pending}
+
+
+@shared_task(
+    name="portal.start_job",
+    ignore_result=True,
+    autoretry_for=(BackendError,),  # do_start_job raises only transient ones
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def start_job(job_id: int) -> None:
+    """Start an admitted job on its backend (transient backend errors are retried with backoff)."""
+    from apps.jobs.running import do_start_job
+
+    do_start_job(job_id)
+
+
+@shared_task(name="portal.sync_job", ignore_result=True)
+def sync_job(job_id: int) -> None:
+    """Converge one job with its backend (stop a cancelled or preempted one, record an exit)."""
+    from apps.jobs.running import do_sync_job
+
+    do_sync_job(job_id)
+
+
+@shared_task(name="portal.reconcile", ignore_result=True)
+def reconcile() -> dict[str, int]:
+    """Converge every job with its backend, and start admitted jobs whose start was lost."""
+    from apps.jobs.running import reconcile_jobs
+
+    return reconcile_jobs()

@@ -14,7 +14,7 @@ from apps.audit.actions import SYSTEM, Origin, do_log_event
 from apps.inventory.models import Allocation
 from apps.jobs.models import Job
 from apps.scheduling.limits import check_request_size
-from apps.scheduling.trigger import request_cycle
+from apps.scheduling.trigger import request_cycle, request_job_sync
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -120,6 +120,8 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         )
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
         request_cycle()
+        if previous == Job.State.RUNNING:
+            request_job_sync(job.pk, start=False)  # the worker stops its processes
     return job
 
 
@@ -159,6 +161,8 @@ def do_preempt_job(
             data={"reason": reason, "previous_state": previous, "grace_s": grace_s},
         )
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
+        if job.state == Job.State.PREEMPTED:
+            request_job_sync(job.pk, start=False)  # the worker stops it, then requeues it
     return job
 
 

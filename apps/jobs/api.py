@@ -4,9 +4,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema
+from django.http import FileResponse
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -15,6 +17,7 @@ from apps.api.views import TenantViewSet
 from apps.compute.api import WorkloadStatusMixin
 from apps.jobs import actions
 from apps.jobs.models import Artifact, Job, JobAttempt
+from apps.jobs.running import artifact_file, job_logs
 
 
 class JobAttemptSerializer(serializers.ModelSerializer):
@@ -27,6 +30,15 @@ class ArtifactSerializer(serializers.ModelSerializer):
     class Meta:
         model = Artifact
         fields = ["path", "size_bytes", "sha256", "created_at"]
+
+
+class LogQuerySerializer(serializers.Serializer):
+    replica = serializers.IntegerField(min_value=0, max_value=1023, default=0)
+    offset = serializers.IntegerField(min_value=0, max_value=2**62, default=0)
+
+
+class ArtifactQuerySerializer(serializers.Serializer):
+    path = serializers.CharField(max_length=1000)
 
 
 class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
@@ -77,6 +89,41 @@ class JobViewSet(TenantViewSet):
         workspace = data.pop("workspace")
         self.require(workspace)
         serializer.instance = actions.check_submit_job(workspace, **data, **self.action_kwargs())
+
+    @extend_schema(
+        parameters=[LogQuerySerializer],
+        responses=inline_serializer(
+            "JobLog",
+            {"replica": serializers.IntegerField(), "offset": serializers.IntegerField(),
+             "text": serializers.CharField(), "state": serializers.CharField()},
+        ),
+    )  # fmt: skip
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """The job's output from `offset` on (stdout and stderr of one replica); follow it by passing
+        back the `offset` each answer gives."""
+        job = self.get_object()
+        query = LogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        replica, offset = query.validated_data["replica"], query.validated_data["offset"]
+        if replica >= job.replicas:
+            raise serializers.ValidationError({"replica": f"This job has {job.replicas} replica(s), from 0."})
+        data, offset = job_logs(job, replica, offset)
+        return Response(
+            {"replica": replica, "offset": offset, "text": data.decode("utf-8", "replace"), "state": job.state}
+        )
+
+    @extend_schema(parameters=[ArtifactQuerySerializer], responses={(200, "application/octet-stream"): bytes})
+    @action(detail=True, methods=["get"], url_path="artifact")
+    def artifact(self, request: Request, pk: str | None = None) -> FileResponse:
+        """Download one of the job's recorded artifacts, by its `path`."""
+        job = self.get_object()
+        query = ArtifactQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        path = artifact_file(job, query.validated_data["path"])
+        if path is None:
+            raise NotFound("This job has no such artifact.")
+        return FileResponse(path.open("rb"), as_attachment=True, filename=path.name)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])

@@ -30,3 +30,25 @@ def request_cycle() -> None:
             logger.warning("could not queue a scheduling cycle; the scheduler loop will run it", exc_info=True)
 
     transaction.on_commit(enqueue)
+
+
+def request_job_sync(job_id: int, *, start: bool) -> None:
+    """Once committed, have the worker start an admitted job (`start`) or converge it with its backend."""
+    mode = settings.PORTAL_WORKLOAD_TRIGGER
+    if mode == "off":
+        return
+    if mode == "inline":
+        from apps.jobs.running import do_start_job, do_sync_job
+
+        transaction.on_commit(lambda: (do_start_job if start else do_sync_job)(job_id))
+        return
+
+    def enqueue() -> None:
+        from workers.tasks import start_job, sync_job
+
+        try:
+            (start_job if start else sync_job).delay(job_id)
+        except Exception:  # the reconcile loop catches up if the broker is briefly away
+            logger.warning("could not queue job %s for the worker; reconcile will", job_id, exc_info=True)
+
+    transaction.on_commit(enqueue)

@@ -73,7 +73,8 @@ class Endpoint:
     change_by: str = "bob"
     delete: bool = False
     delete_by: str = "bob"
-    actions: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ()  # POST detail actions
+    reads: tuple[str, ...] = ()  # GET detail actions: readers may use them, other tenants get a 404
     more: Callable[[World, range], None] | None = None
 
     def __str__(self) -> str:
@@ -294,7 +295,7 @@ ENDPOINTS = [
              patch={"description": "Plots"}, delete=True, more=more_notebooks),
     Endpoint("jobs", job, create=lambda w, ws: {"workspace": ws.name, "name": "train-2", "command": "python t.py",
                                                  "gpu_type": "h100", "gpus_per_replica": "0.50", "replicas": 2},
-             actions=("cancel",), more=more_jobs),
+             actions=("cancel",), reads=("logs", "artifact"), more=more_jobs),
     Endpoint("clusters", lambda w, ws: Cluster.objects.get(name="local"), lookup="name", tenant=False,
              create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
              create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",

@@ -63,7 +63,9 @@ class TestEndpoint:
             assert (row.create is not None) == (hasattr(viewset, "create") and "post" in methods), row
             assert (row.patch is not None) == (hasattr(viewset, "partial_update") and "patch" in methods), row
             assert row.delete == (hasattr(viewset, "destroy") and "delete" in methods), row
-            assert set(row.actions) == {action.url_path for action in viewset.get_extra_actions()}, row
+            extra = viewset.get_extra_actions()
+            assert set(row.actions) == {a.url_path for a in extra if "post" in a.mapping}, row
+            assert set(row.reads) == {a.url_path for a in extra if set(a.mapping) == {"get"}}, row
             assert all(action.detail for action in viewset.get_extra_actions()), "list actions: extend the table"
             assert row.lookup == getattr(viewset, "lookup_field", "pk"), row
         others = {str(p.pattern) for p in api_urls.urlpatterns if isinstance(p, URLPattern)}
@@ -74,6 +76,8 @@ class TestEndpoint:
         hidden = row.hidden_object(world)
         alice = world.client(world.alice)
         assert alice.get(row.detail_url(hidden)).status_code == 404
+        for name in row.reads:
+            _assert_error(alice.get(f"{row.detail_url(hidden)}{name}/"), 404)
         assert str(getattr(hidden, row.lookup)) not in _listed(alice, row)
         for write in row.writes(hidden):
             before = _snapshot(hidden)
@@ -107,6 +111,8 @@ class TestEndpoint:
                 _assert_error(client.get(row.list_url), 403)
                 continue
             assert response.status_code == 200, (persona, response.json())
+            for name in row.reads:  # answered (maybe a 400 for a missing parameter), never refused
+                assert client.get(f"{row.detail_url(obj)}{name}/").status_code in (200, 400), (persona, name)
             assert str(response.json()[row.key]) == str(getattr(obj, row.lookup))
             assert str(getattr(obj, row.lookup)) in _listed(client, row), persona
 

@@ -5,6 +5,7 @@ Nothing here imports Django: a backend is plain Python, driven by Celery tasks t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -102,7 +103,7 @@ class GpuInfo:
     uuid: str = ""
 
 
-class Backend:
+class Backend(ABC):
     """Runs workloads somewhere: this machine, a Slurm cluster, a Kubernetes cluster.
 
     **How a backend is driven.** One backend object serves one workload. The caller (a Celery
@@ -121,7 +122,7 @@ class Backend:
     to them, nothing is retried. ``BackendError(message, permanent=...)``: the backend failed;
     transient ones may be retried, permanent ones fail the workload. Any other exception is a bug.
 
-    **What to override.** Every hook below; the base class implements none of them.
+    **What to override.** Every hook below (they are abstract); the base class implements none of them.
     Hooks must be idempotent where the caller may repeat them: ``stop()`` on a stopped workload
     and ``poll()`` after the exit are harmless and return the same answer.
     """
@@ -129,6 +130,7 @@ class Backend:
     #: The name the backend is chosen by in settings.
     name: str = ""
 
+    @abstractmethod
     def start(self, spec: JobSpec) -> Endpoint:
         """Start the workload and return once it is really running (not merely submitted).
 
@@ -136,8 +138,8 @@ class Backend:
         returns the same endpoint. Raises ``PolicyRefusal`` for a spec the user must fix,
         ``BackendError`` otherwise; on either, nothing of the workload is left running.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def poll(self) -> Status:
         """Return ``Status("running")`` or ``Status("exited", exit_code, message)``.
 
@@ -146,47 +148,46 @@ class Backend:
         a stop). Once exited, later polls return the same status. Raises ``BackendError`` when
         the truth cannot be learned (transient) or the state is unusable (permanent).
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def stop(self, grace_s: float = 10.0) -> None:
         """Ask every replica to end (SIGTERM or the cluster's equivalent), force it after ``grace_s``.
 
         Returns once nothing of the workload is left running. A no-op on a workload that has
         ended or never started. Raises ``BackendError`` (transient) if something survived.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def get_state(self) -> dict[str, Any]:
         """Return a JSON-serialisable blob from which a new backend object can reattach."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what ``get_state()`` returned, possibly in another process after a restart.
 
         Raises ``BackendError(permanent=True)`` for a blob this backend cannot read.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def clear_state(self) -> None:
         """Forget the workload (after it ended and its outcome was recorded, or after a failed start)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
         """Return the log bytes of ``replica`` from ``offset`` on, and the offset to continue from.
 
         Works while the workload runs and after it ended; returns ``(b"", offset)`` when there is
         nothing new. Raises ``BackendError(permanent=True)`` for a replica that does not exist.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def artifacts(self) -> list[Artifact]:
         """Return the files under the declared artifact paths: ``(path, size, sha256)``, sorted by path."""
-        raise NotImplementedError
 
+    @abstractmethod
     def progress(self) -> Progress | None:
         """Return the last ``PROGRESS <fraction>`` (0..1) the job printed, or ``None`` if none yet."""
-        raise NotImplementedError
 
+    @abstractmethod
     def discover(self) -> list[GpuInfo]:
         """Return the GPUs this backend can place work on (the inventory), in index order."""
-        raise NotImplementedError

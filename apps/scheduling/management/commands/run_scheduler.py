@@ -7,13 +7,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from apps.jobs.running import reconcile_jobs
 from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
 
 logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Run the scheduler loop: a cycle every --interval seconds, until SIGINT or SIGTERM."
+    help = (
+        "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
+        "their backends, requeue gangs not ready in time, and run a scheduling cycle."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--interval", type=float, default=settings.PORTAL_SCHEDULER_INTERVAL_S)
@@ -26,6 +30,7 @@ class Command(BaseCommand):
         while not stop.is_set():
             close_old_connections()
             try:
+                reconcile_jobs()
                 requeue_unready_gangs()
                 result = run_cycle()
                 if once:

@@ -1,0 +1,16 @@
+"""Which backend runs a cluster's workloads: chosen by the cluster's kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.backends.base import Backend, BackendError
+from workers.backends.local import LocalBackend
+
+
+def backend_for(cluster: Any) -> Backend:
+    """A fresh backend object for one workload on `cluster` (an inventory Cluster row)."""
+    kind = getattr(cluster, "kind", None)
+    if kind == "local":
+        return LocalBackend()
+    raise BackendError(f"the {kind} backend does not run workloads yet", permanent=True)
