@@ -1,0 +1,515 @@
+"""The Slurm backend for jobs: one batch job per workload, one Slurm node per replica.
+
+Everything goes through Slurm's command-line tools (``sbatch``, ``squeue``, ``sacct``,
+``scancel``, ``scontrol``), each run by :func:`run_command`: no shell, a timeout, and errors
+turned into ``BackendError`` / ``PolicyRefusal`` by what Slurm said.
+
+A job is a batch script under ``<work_dir>/<key>/.portal/`` that exports the spec's environment
+and runs ``srun --kill-on-bad-exit=1 bash replica.sh``: one task per node, so task ``i`` is
+replica ``i`` (``RANK=$SLURM_PROCID``). Each replica's output goes to ``replica-<i>.log``
+(``srun --output`` with ``%t``); the batch shell's own output (srun's errors, for example) goes to
+``batch.log``. The job is submitted with ``--export=NONE``: the worker's environment never
+reaches it. (Slurm then loads the submitting user's login environment, as ``--export=NONE``
+implies ``--get-user-env``; PATH and HOME are set explicitly by the script.)
+
+``MASTER_ADDR`` is the first host of the allocation (a Slurm node name, as ``scontrol show
+hostnames`` prints it) and ``MASTER_PORT`` is derived from the job id (:func:`master_port`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.backends.base import (
+    Artifact,
+    Backend,
+    BackendError,
+    Endpoint,
+    GpuInfo,
+    JobSpec,
+    PolicyRefusal,
+    Progress,
+    Status,
+)
+from workers.backends.local import _PROGRESS_RE, _sha256, _validate, _walk_files
+
+STATE_VERSION = 1
+TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
+UNKNOWN_EXIT_CODE = 255  # ended without an exit code Slurm could report (node failure, refused)
+COMMAND_TIMEOUT_S = 20.0
+
+_LOG_CHUNK = 1 << 20
+_PROGRESS_TAIL = 64 << 10
+
+#: States in which the job (or its teardown) may still have processes.
+LIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
+
+# Slurm's refusals that retrying cannot fix. The first group is about what the user asked for
+# (more GPUs or nodes than exist, a limit of their account): they can change the request.
+_POLICY_ERRORS = (
+    "Requested node configuration is not available",
+    "Node count specification invalid",
+    "Requested time limit is invalid",
+    "Job violates accounting/QOS policy",
+    "Memory required by task is not available",
+    "More processors requested than permitted",
+)
+# ... and the second is about how the backend or cluster is set up: fail the workload.
+_PERMANENT_ERRORS = (
+    "Invalid generic resource",
+    "Invalid partition name",
+    "Invalid account",
+    "Invalid qos",
+    "Unable to open file",
+    "unrecognized option",
+    "invalid option",
+)
+
+
+def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
+    """Run ``argv`` (no shell) and return its stdout.
+
+    A timeout or a non-zero exit raises ``BackendError`` (transient), except when the error text
+    is a refusal that retrying cannot change: ``PolicyRefusal`` for a request the user can fix,
+    ``BackendError(permanent=True)`` for a configuration problem. A missing executable is
+    permanent too.
+    """
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BackendError(f"{argv[0]} timed out after {timeout:g}s", permanent=False) from exc
+    except OSError as exc:
+        raise BackendError(f"could not run {argv[0]}: {exc}", permanent=True) from exc
+    if proc.returncode == 0:
+        return proc.stdout
+    error = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}")[-2000:]
+    message = f"{os.path.basename(argv[0])} failed: {error}"
+    if any(text in error for text in _POLICY_ERRORS):
+        raise PolicyRefusal(f"Slurm refused the job: {error.removeprefix('sbatch: error: ')}")
+    permanent = any(text.lower() in error.lower() for text in _PERMANENT_ERRORS)
+    raise BackendError(message, permanent=permanent)
+
+
+def master_port(job_id: str) -> int:
+    """The rendezvous port of a job: 20000..39999, the same formula as in the batch script."""
+    return 20000 + int(job_id) % 20000
+
+
+def parse_exit(state: str, exit_code: str, stopped: bool = False) -> Status:
+    """Turn sacct's ``State`` (``CANCELLED by 0``) and ``ExitCode`` (``code:signal``) into a Status."""
+    word = state.split()[0] if state.strip() else "UNKNOWN"
+    code_s, _, signal_s = exit_code.partition(":")
+    code = int(code_s) if code_s.isdigit() else 0
+    sig = int(signal_s) if signal_s.isdigit() else 0
+    if code == 0 and sig:
+        code = 128 + sig
+    if stopped:
+        return Status("exited", code or 143, "stopped on request")
+    if word == "COMPLETED":
+        return Status("exited", code, "exited" if code == 0 else f"exited with code {code}")
+    if word == "TIMEOUT":
+        return Status("exited", TIMEOUT_EXIT_CODE, "killed by Slurm after exceeding its time limit")
+    if word == "CANCELLED":
+        return Status("exited", code or 143, f"cancelled in Slurm ({state.strip()})")
+    if word == "OUT_OF_MEMORY":
+        return Status("exited", code or 137, "killed by Slurm for exceeding its memory limit")
+    if word == "NODE_FAIL":
+        return Status("exited", code or UNKNOWN_EXIT_CODE, "a node of the job failed")
+    return Status("exited", code or UNKNOWN_EXIT_CODE, f"{word.lower()} with exit code {code or UNKNOWN_EXIT_CODE}")
+
+
+def parse_nodes(out: str) -> list[GpuInfo]:
+    """GPUs from ``scontrol show node -o``: one ``GpuInfo`` per GPU, index ``<node>:<i>``."""
+    gpus: list[GpuInfo] = []
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        node = fields.get("NodeName")
+        if not node:
+            continue
+        for gres in fields.get("Gres", "").split(","):
+            gres = re.sub(r"\(.*\)$", "", gres)  # gpu:h100:4(S:0-1)
+            parts = gres.split(":")
+            if parts[0] != "gpu" or not parts[-1].isdigit():
+                continue
+            kind = parts[1] if len(parts) == 3 else "gpu"
+            gpus.extend(GpuInfo(index=f"{node}:{i}", name=kind, memory_mb=0) for i in range(int(parts[-1])))
+    return sorted(gpus, key=lambda g: (_natural(g.index.split(":")[0]), int(g.index.split(":")[1])))
+
+
+def _natural(name: str) -> tuple[str, int]:
+    match = re.match(r"^(.*?)(\d*)$", name)
+    assert match is not None
+    return match.group(1), int(match.group(2) or 0)
+
+
+class SlurmBackend(Backend):
+    """Runs a job as one Slurm batch job, a replica per node, on partition ``partition``.
+
+    ``start_timeout_s`` bounds the wait from submission to RUNNING (a job still pending then is
+    cancelled and the start fails, transient). The ``*_path`` settings name the Slurm commands.
+    ``spec.image`` is ignored. GPU requests are counts (``--gres=gpu:N``, N = replica 0's
+    devices): Slurm picks the indices and sets ``CUDA_VISIBLE_DEVICES``.
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        *,
+        partition: str = "gpu",
+        start_timeout_s: float = 30.0,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        sbatch_path: str = "sbatch",
+        squeue_path: str = "squeue",
+        sacct_path: str = "sacct",
+        scancel_path: str = "scancel",
+        scontrol_path: str = "scontrol",
+        sacct_retries: int = 12,
+        sacct_retry_delay_s: float = 0.25,
+    ) -> None:
+        self.partition = partition
+        self.start_timeout_s = start_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.sbatch_path = sbatch_path
+        self.squeue_path = squeue_path
+        self.sacct_path = sacct_path
+        self.scancel_path = scancel_path
+        self.scontrol_path = scontrol_path
+        self.sacct_retries = sacct_retries
+        self.sacct_retry_delay_s = sacct_retry_delay_s
+        self._state: dict[str, Any] = {}
+
+    def _run(self, argv: list[str]) -> str:
+        return run_command(argv, self.command_timeout_s)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Return the job id, key, job directory, log paths, nodes and (once ended) the final status."""
+        copied: dict[str, Any] = json.loads(json.dumps(self._state))
+        return copied
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Reattach to a job by its Slurm job id."""
+        if state and (state.get("version") != STATE_VERSION or not str(state.get("job_id", "")).isdigit()):
+            raise BackendError(f"unreadable slurm backend state (version {state.get('version')!r})", permanent=True)
+        self._state = json.loads(json.dumps(state))
+
+    def clear_state(self) -> None:
+        """Forget the job; its directory (logs, artifacts) stays on disk."""
+        self._state = {}
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, spec: JobSpec) -> Endpoint:
+        """Submit the batch job and wait until Slurm runs it (or it already ended).
+
+        ``PolicyRefusal`` for bad env keys, artifact paths, or a request the cluster can never
+        satisfy; ``BackendError`` transient when the job did not start within
+        ``start_timeout_s`` (it is cancelled first) or a command failed.
+        """
+        if self._state:
+            if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
+                return self._endpoint()
+            raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
+        _validate(spec)
+        job_dir = Path(spec.work_dir, spec.key).resolve()
+        internal = job_dir / ".portal"
+        internal.mkdir(parents=True, exist_ok=True)
+        (job_dir / "artifacts").mkdir(exist_ok=True)
+        for stale in internal.glob("*.log"):
+            stale.unlink()
+        script = internal / "job.sh"
+        script.write_text(self._script(spec, job_dir))
+        (internal / "replica.sh").write_text(_replica_script(spec.command))
+        gpus = len(spec.devices[0]) if spec.devices else 0
+        argv = [
+            self.sbatch_path,
+            "--parsable",
+            "-J",
+            spec.key,
+            "-p",
+            self.partition,
+            "-N",
+            str(spec.replicas),
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={max(1, math.ceil(spec.cpu_cores))}",
+            f"--mem={max(1, math.ceil(spec.memory_gb * 1024))}M",
+            "-o",
+            str(internal / "batch.log"),
+            "-e",
+            str(internal / "batch.log"),
+            f"--chdir={job_dir}",
+            "--export=NONE",
+        ]
+        if gpus:
+            argv.append(f"--gres=gpu:{gpus}")
+        if spec.max_runtime_s is not None:
+            argv.append(f"--time={max(1, math.ceil(spec.max_runtime_s / 60))}")
+        argv.append(str(script))
+        submitted_at = time.time()
+        out = self._run(argv).strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch printed no job id: {out!r}", permanent=False)
+        self._state = {
+            "version": STATE_VERSION,
+            "job_id": job_id,
+            "key": spec.key,
+            "job_dir": str(job_dir),
+            "batch_log": str(internal / "batch.log"),
+            "logs": [str(internal / f"replica-{r}.log") for r in range(spec.replicas)],
+            "replicas": spec.replicas,
+            "artifact_paths": spec.artifact_paths or ["artifacts"],
+            "submitted_at": submitted_at,
+            "nodes": [],
+        }
+        self._wait_running()
+        return self._endpoint()
+
+    def _script(self, spec: JobSpec, job_dir: Path) -> str:
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            **spec.env,
+            "HOME": str(job_dir),
+            "PYTHONUNBUFFERED": "1",
+            "PORTAL_JOB_KEY": spec.key,
+            "PORTAL_ARTIFACTS_DIR": str(job_dir / "artifacts"),
+        }
+        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+        logs = shlex.quote(str(job_dir / ".portal" / "replica-%t.log"))
+        replica = shlex.quote(str(job_dir / ".portal" / "replica.sh"))
+        return (
+            "#!/bin/bash\n"
+            f"{exports}\n"
+            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+            "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
+            "export MASTER_ADDR MASTER_PORT\n"
+            f"srun --export=ALL --kill-on-bad-exit=1 --output={logs} --error={logs} bash {replica}\n"
+        )
+
+    def _wait_running(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            live = self._squeue()
+            # RUNNING in slurmctld precedes the launch on the node by up to a second or two: wait
+            # for the srun step to exist, so that the job really runs (and a stop signal lands).
+            if live is None or live[0] not in ("PENDING", "CONFIGURING") and self._step_started():
+                if live is not None and live[1]:
+                    self._state["nodes"] = self._hostnames(live[1])
+                self._state["running_at"] = time.time()
+                return
+            if time.monotonic() >= deadline:
+                reason = live[2]
+                try:
+                    self._cancel_and_wait(signal_first=False, grace_s=0.0)
+                finally:
+                    self._state["final"] = {"exit_code": UNKNOWN_EXIT_CODE, "message": "did not start in time"}
+                raise BackendError(
+                    f"Slurm job {self._state['job_id']} did not start within {self.start_timeout_s:g}s "
+                    f"(reason: {reason}); it was cancelled",
+                    permanent=False,
+                )
+            time.sleep(0.1)
+
+    def _step_started(self) -> bool:
+        out = self._run([self.squeue_path, "-h", "-s", "-j", self._state["job_id"], "-o", "%i"])
+        return f"{self._state['job_id']}.0" in out.split()
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        return self._run([self.scontrol_path, "show", "hostnames", nodelist]).split()
+
+    def _endpoint(self) -> Endpoint:
+        nodes = self._state.get("nodes") or []
+        return Endpoint(host=nodes[0] if nodes else "", port=master_port(self._state["job_id"]))
+
+    # -- poll / stop ---------------------------------------------------------------------------
+
+    def _squeue(self) -> tuple[str, str, str] | None:
+        """(state, nodelist, reason) while squeue lists the job in a live state, else None."""
+        try:
+            out = self._run([self.squeue_path, "-h", "-j", self._state["job_id"], "-o", "%T|%N|%r"])
+        except BackendError as exc:
+            if "Invalid job id" in exc.message:
+                return None
+            raise
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0] in LIVE_STATES:
+                return parts[0], parts[1], parts[2]
+        return None
+
+    def _live_state(self) -> str | None:
+        live = self._squeue()
+        return live[0] if live else None
+
+    def poll(self) -> Status:
+        """Running while squeue lists the job; then the outcome sacct recorded.
+
+        COMPLETED → 0; FAILED, NODE_FAIL → the job's exit code (the batch script's, which is
+        srun's: the first failing replica's); CANCELLED → its code with a message; TIMEOUT →
+        ``TIMEOUT_EXIT_CODE``. Transient ``BackendError`` if sacct has no final record yet.
+        """
+        if not self._state:
+            raise BackendError("nothing was started on this backend", permanent=True)
+        final = self._state.get("final")
+        if final:
+            return Status("exited", final["exit_code"], final["message"])
+        if self._live_state() is not None:
+            return Status("running")
+        status = self._sacct_status()
+        self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
+        return status
+
+    def _sacct_status(self) -> Status:
+        argv = [self.sacct_path, "-j", self._state["job_id"], "-X", "-n", "-P", "-o", "State,ExitCode"]
+        for attempt in range(self.sacct_retries):
+            for line in self._run(argv).splitlines():
+                state, _, code = line.strip().partition("|")
+                if state and state.split()[0] not in LIVE_STATES:
+                    return parse_exit(state, code, stopped=bool(self._state.get("stopped")))
+            if attempt + 1 < self.sacct_retries:
+                time.sleep(self.sacct_retry_delay_s)
+        raise BackendError(f"sacct has no final record of job {self._state['job_id']} yet", permanent=False)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """``scancel --signal=TERM``, then after ``grace_s`` cancel for good; wait until it left squeue."""
+        if not self._state or self._state.get("final"):
+            return
+        if self._live_state() is None:
+            return
+        self._state["stopped"] = True
+        self._cancel_and_wait(signal_first=True, grace_s=grace_s)
+
+    def _cancel_and_wait(self, *, signal_first: bool, grace_s: float) -> None:
+        job_id = self._state["job_id"]
+        if signal_first:
+            # Re-sent while waiting: a signal sent before slurmd launched the tasks is lost.
+            deadline = time.monotonic() + grace_s
+            while True:
+                self._scancel(["--signal=TERM", job_id])
+                if self._wait_gone(min(1.0, max(0.0, deadline - time.monotonic()))):
+                    return
+                if time.monotonic() >= deadline:
+                    break
+        self._scancel([job_id])
+        if self._wait_gone(2.0):
+            return
+        self._scancel(["--full", "--signal=KILL", job_id])
+        if not self._wait_gone(10.0):
+            raise BackendError(f"Slurm job {job_id} is still listed by squeue after scancel", permanent=False)
+
+    def _scancel(self, args: list[str]) -> None:
+        try:
+            self._run([self.scancel_path, *args])
+        except BackendError as exc:
+            if "Invalid job id" not in exc.message and "already completing or completed" not in exc.message:
+                raise
+
+    def _wait_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._live_state() is None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    # -- logs, artifacts, progress, inventory --------------------------------------------------
+
+    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Read up to 1 MiB of ``replica``'s output (srun's per-task file) from ``offset``."""
+        logs = self._state.get("logs", [])
+        if not 0 <= replica < len(logs):
+            raise BackendError(f"no replica {replica}", permanent=True)
+        try:
+            with open(logs[replica], "rb") as log:
+                log.seek(offset)
+                data = log.read(_LOG_CHUNK)
+        except FileNotFoundError:
+            return b"", offset
+        return data, offset + len(data)
+
+    def artifacts(self) -> list[Artifact]:
+        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
+        if not self._state:
+            return []
+        job_dir = Path(self._state["job_dir"])
+        found: dict[str, Artifact] = {}
+        for declared in self._state["artifact_paths"]:
+            for path in _walk_files(job_dir / declared):
+                real = path.resolve()
+                if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
+                    continue
+                rel = path.relative_to(job_dir).as_posix()
+                found[rel] = Artifact(rel, real.stat().st_size, _sha256(real))
+        return sorted(found.values())
+
+    def progress(self) -> Progress | None:
+        """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
+        logs = self._state.get("logs", [])
+        if not logs:
+            return None
+        try:
+            with open(logs[0], "rb") as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
+                tail = log.read()
+        except FileNotFoundError:
+            return None
+        matches = list(_PROGRESS_RE.finditer(tail))
+        if not matches:
+            return None
+        last = matches[-1]
+        return Progress(min(1.0, max(0.0, float(last.group(1)))), last.group(0).decode("utf-8", "replace").strip())
+
+    def discover(self) -> list[GpuInfo]:
+        """Every GPU of the partition's nodes, from ``scontrol show node -o`` (index ``node:i``)."""
+        out = self._run([self.scontrol_path, "show", "node", "-o"])
+        lines = [line for line in out.splitlines() if _in_partition(line, self.partition)]
+        return parse_nodes("\n".join(lines))
+
+
+def _in_partition(line: str, partition: str) -> bool:
+    for field in line.split():
+        if field.startswith("Partitions="):
+            return partition in field.removeprefix("Partitions=").split(",")
+    return True
+
+
+def _replica_script(command: str) -> str:
+    """What each srun task runs: the rendezvous variables from Slurm's, then the user's command."""
+    return (
+        "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS\n"
+        f"exec bash -c {shlex.quote(command)}\n"
+    )
