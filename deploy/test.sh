@@ -9,6 +9,8 @@ ensure_venv
 ensure_postgres
 ensure_redis
 cd "$ROOT"
+# A real Slurm (4 simulated nodes x 4 GPUs) for the Slurm backend's tests; see docs/slurm.md.
+bash deploy/slurm.sh start
 
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpuportal:gpuportal@127.0.0.1:5432/gpuportal}"
 export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"

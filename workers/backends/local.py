@@ -42,7 +42,7 @@ UNKNOWN_EXIT_CODE = 255  # a replica ended without recording its status (killed 
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _DEVICE_RE = re.compile(r"^[0-9]{1,3}$")
-_PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
+PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
 _RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _LOG_CHUNK = 1 << 20
@@ -120,7 +120,7 @@ class LocalBackend(Backend):
             if self._state.get("key") == spec.key and self._alive_ranks():
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
-        _validate(spec)
+        validate_spec(spec)
         job_dir = Path(spec.work_dir, spec.key).resolve()
         internal = job_dir / ".portal"
         internal.mkdir(parents=True, exist_ok=True)
@@ -356,12 +356,12 @@ class LocalBackend(Backend):
         job_dir = Path(self._state["job_dir"])
         found: dict[str, Artifact] = {}
         for declared in self._state["artifact_paths"]:
-            for path in _walk_files(job_dir / declared):
+            for path in walk_files(job_dir / declared):
                 real = path.resolve()
                 if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
                     continue
                 rel = path.relative_to(job_dir).as_posix()
-                found[rel] = Artifact(rel, real.stat().st_size, _sha256(real))
+                found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
         return sorted(found.values())
 
     def progress(self) -> Progress | None:
@@ -375,7 +375,7 @@ class LocalBackend(Backend):
                 tail = log.read()
         except FileNotFoundError:
             return None
-        matches = list(_PROGRESS_RE.finditer(tail))
+        matches = list(PROGRESS_RE.finditer(tail))
         if not matches:
             return None
         last = matches[-1]
@@ -464,7 +464,7 @@ def _iter_stats() -> Iterator[_Stat]:
                 yield stat
 
 
-def _validate(spec: JobSpec) -> None:
+def validate_spec(spec: JobSpec) -> None:
     if not _KEY_RE.match(spec.key):
         raise BackendError(f"job key {spec.key!r} is not a safe directory name", permanent=True)
     if spec.replicas < 1:
@@ -486,7 +486,7 @@ def _validate(spec: JobSpec) -> None:
             raise PolicyRefusal(f"artifact path {declared!r} must be relative and inside the job directory")
 
 
-def _walk_files(path: Path) -> Iterator[Path]:
+def walk_files(path: Path) -> Iterator[Path]:
     if path.is_symlink() or path.is_file():
         yield path
     elif path.is_dir():
@@ -495,7 +495,7 @@ def _walk_files(path: Path) -> Iterator[Path]:
                 yield Path(dirpath, filename)
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

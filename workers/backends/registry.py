@@ -6,6 +6,7 @@ from typing import Any
 
 from workers.backends.base import Backend, BackendError
 from workers.backends.local import LocalBackend
+from workers.backends.slurm import SlurmBackend
 
 
 def backend_for(cluster: Any) -> Backend:
@@ -13,4 +14,6 @@ def backend_for(cluster: Any) -> Backend:
     kind = getattr(cluster, "kind", None)
     if kind == "local":
         return LocalBackend()
+    if kind == "slurm":
+        return SlurmBackend(partition=str(getattr(cluster, "connection", {}).get("partition", "gpu")))
     raise BackendError(f"the {kind} backend does not run workloads yet", permanent=True)

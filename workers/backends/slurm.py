@@ -39,7 +39,7 @@ from workers.backends.base import (
     Progress,
     Status,
 )
-from workers.backends.local import _PROGRESS_RE, _sha256, _validate, _walk_files
+from workers.backends.local import PROGRESS_RE, sha256_of, validate_spec, walk_files
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
@@ -243,7 +243,7 @@ class SlurmBackend(Backend):
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
-        _validate(spec)
+        validate_spec(spec)
         job_dir = Path(spec.work_dir, spec.key).resolve()
         internal = job_dir / ".portal"
         internal.mkdir(parents=True, exist_ok=True)
@@ -468,12 +468,12 @@ class SlurmBackend(Backend):
         job_dir = Path(self._state["job_dir"])
         found: dict[str, Artifact] = {}
         for declared in self._state["artifact_paths"]:
-            for path in _walk_files(job_dir / declared):
+            for path in walk_files(job_dir / declared):
                 real = path.resolve()
                 if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
                     continue
                 rel = path.relative_to(job_dir).as_posix()
-                found[rel] = Artifact(rel, real.stat().st_size, _sha256(real))
+                found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
         return sorted(found.values())
 
     def progress(self) -> Progress | None:
@@ -487,7 +487,7 @@ class SlurmBackend(Backend):
                 tail = log.read()
         except FileNotFoundError:
             return None
-        matches = list(_PROGRESS_RE.finditer(tail))
+        matches = list(PROGRESS_RE.finditer(tail))
         if not matches:
             return None
         last = matches[-1]
