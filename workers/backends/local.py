@@ -341,46 +341,18 @@ class LocalBackend(Backend):
         replicas = self._state.get("replicas", [])
         if not 0 <= replica < len(replicas):
             raise BackendError(f"no replica {replica}", permanent=True)
-        try:
-            with open(replicas[replica]["log"], "rb") as log:
-                log.seek(offset)
-                data = log.read(_LOG_CHUNK)
-        except FileNotFoundError:
-            return b"", offset
-        return data, offset + len(data)
+        return read_log(replicas[replica]["log"], offset)
 
     def artifacts(self) -> list[Artifact]:
         """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
         if not self._state:
             return []
-        job_dir = Path(self._state["job_dir"])
-        found: dict[str, Artifact] = {}
-        for declared in self._state["artifact_paths"]:
-            for path in walk_files(job_dir / declared):
-                real = path.resolve()
-                if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
-                    continue
-                rel = path.relative_to(job_dir).as_posix()
-                found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
-        return sorted(found.values())
+        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
 
     def progress(self) -> Progress | None:
         """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
         replicas = self._state.get("replicas", [])
-        if not replicas:
-            return None
-        try:
-            with open(replicas[0]["log"], "rb") as log:
-                log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
-                tail = log.read()
-        except FileNotFoundError:
-            return None
-        matches = list(PROGRESS_RE.finditer(tail))
-        if not matches:
-            return None
-        last = matches[-1]
-        fraction = min(1.0, max(0.0, float(last.group(1))))
-        return Progress(fraction, last.group(0).decode("utf-8", "replace").strip())
+        return read_progress(replicas[0]["log"]) if replicas else None
 
     def discover(self) -> list[GpuInfo]:
         """The declared inventory if any, else what ``nvidia-smi`` reports, else no GPU."""
@@ -544,3 +516,42 @@ def parse_nvidia_smi(out: str) -> list[GpuInfo]:
         if len(parts) == 4 and parts[0].isdigit():
             gpus.append(GpuInfo(index=parts[0], name=parts[1], memory_mb=int(float(parts[2])), uuid=parts[3]))
     return gpus
+
+
+def read_log(path: str, offset: int) -> tuple[bytes, int]:
+    """Up to 1 MiB of a log file from ``offset``, and the offset to continue from."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            data = log.read(_LOG_CHUNK)
+    except FileNotFoundError:
+        return b"", offset
+    return data, offset + len(data)
+
+
+def collect_artifacts(job_dir: Path, declared_paths: list[str]) -> list[Artifact]:
+    """Files under the declared paths, resolved inside ``job_dir`` (links that escape it skipped)."""
+    found: dict[str, Artifact] = {}
+    for declared in declared_paths:
+        for path in walk_files(job_dir / declared):
+            real = path.resolve()
+            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
+                continue
+            rel = path.relative_to(job_dir).as_posix()
+            found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
+    return sorted(found.values())
+
+
+def read_progress(path: str) -> Progress | None:
+    """The last ``PROGRESS <fraction>`` line in a log's last 64 KiB, clamped to 0..1."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
+            tail = log.read()
+    except FileNotFoundError:
+        return None
+    matches = list(PROGRESS_RE.finditer(tail))
+    if not matches:
+        return None
+    last = matches[-1]
+    return Progress(min(1.0, max(0.0, float(last.group(1)))), last.group(0).decode("utf-8", "replace").strip())

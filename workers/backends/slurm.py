@@ -39,7 +39,7 @@ from workers.backends.base import (
     Progress,
     Status,
 )
-from workers.backends.local import PROGRESS_RE, sha256_of, validate_spec, walk_files
+from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
@@ -453,45 +453,18 @@ class SlurmBackend(Backend):
         logs = self._state.get("logs", [])
         if not 0 <= replica < len(logs):
             raise BackendError(f"no replica {replica}", permanent=True)
-        try:
-            with open(logs[replica], "rb") as log:
-                log.seek(offset)
-                data = log.read(_LOG_CHUNK)
-        except FileNotFoundError:
-            return b"", offset
-        return data, offset + len(data)
+        return read_log(logs[replica], offset)
 
     def artifacts(self) -> list[Artifact]:
         """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
         if not self._state:
             return []
-        job_dir = Path(self._state["job_dir"])
-        found: dict[str, Artifact] = {}
-        for declared in self._state["artifact_paths"]:
-            for path in walk_files(job_dir / declared):
-                real = path.resolve()
-                if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
-                    continue
-                rel = path.relative_to(job_dir).as_posix()
-                found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
-        return sorted(found.values())
+        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
 
     def progress(self) -> Progress | None:
         """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
         logs = self._state.get("logs", [])
-        if not logs:
-            return None
-        try:
-            with open(logs[0], "rb") as log:
-                log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
-                tail = log.read()
-        except FileNotFoundError:
-            return None
-        matches = list(PROGRESS_RE.finditer(tail))
-        if not matches:
-            return None
-        last = matches[-1]
-        return Progress(min(1.0, max(0.0, float(last.group(1)))), last.group(0).decode("utf-8", "replace").strip())
+        return read_progress(logs[0]) if logs else None
 
     def discover(self) -> list[GpuInfo]:
         """Every GPU of the partition's nodes, from ``scontrol show node -o`` (index ``node:i``)."""
