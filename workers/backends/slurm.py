@@ -46,8 +46,6 @@ TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past
 UNKNOWN_EXIT_CODE = 255  # ended without an exit code Slurm could report (node failure, refused)
 COMMAND_TIMEOUT_S = 20.0
 
-_LOG_CHUNK = 1 << 20
-_PROGRESS_TAIL = 64 << 10
 
 #: States in which the job (or its teardown) may still have processes.
 LIVE_STATES = frozenset(
