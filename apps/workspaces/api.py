@@ -44,6 +44,13 @@ def gpus_in_use(workspace_ids: list[int]) -> dict[tuple[int, str], Decimal]:
     return used
 
 
+def _shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The objects a viewset's get_serializer() was given to show (none when it only parses a body)."""
+    if not args or args[0] is None:
+        return []
+    return list(args[0]) if kwargs.get("many") else [args[0]]
+
+
 class GPUQuotaSerializer(serializers.ModelSerializer):
     workspace = WorkspaceField()
     in_use = serializers.SerializerMethodField()
@@ -54,7 +61,11 @@ class GPUQuotaSerializer(serializers.ModelSerializer):
         validators: list[Any] = []  # the action updates the (workspace, gpu_type) row in place
 
     def get_in_use(self, quota: GPUQuota) -> str:
-        used = self.context.get("in_use", {}).get((quota.workspace_id, quota.gpu_type), Decimal("0"))
+        counted = self.context.setdefault("in_use_of", set())
+        if quota.workspace_id not in counted:  # an object the viewset did not know it would show (a create)
+            self.context.setdefault("in_use", {}).update(gpus_in_use([quota.workspace_id]))
+            counted.add(quota.workspace_id)
+        used = self.context["in_use"].get((quota.workspace_id, quota.gpu_type), Decimal("0"))
         return f"{used:.2f}"
 
 
@@ -134,12 +145,12 @@ class WorkspaceViewSet(TenantViewSet):
             "allowed_profiles", Prefetch("gpu_quotas", queryset=GPUQuota.objects.order_by("gpu_type"))
         )
 
-    def get_serializer_context(self) -> dict[str, Any]:
-        context = super().get_serializer_context()
-        ids = list(self.get_queryset().values_list("pk", flat=True)[:500]) if self.request else []
-        context["in_use"] = gpus_in_use(ids)
-        context["roles"] = roles_in(self.request.user, ids) if self.request else {}
-        return context
+    def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
+        """Usage and roles for exactly the workspaces being shown, in a few queries for a whole page."""
+        serializer = super().get_serializer(*args, **kwargs)
+        ids = [w.pk for w in _shown(args, kwargs)]
+        serializer.context.update(in_use=gpus_in_use(ids), in_use_of=set(ids), roles=roles_in(self.request.user, ids))
+        return serializer
 
     def workspace_of(self, obj: Any) -> Workspace:
         return obj
@@ -212,12 +223,12 @@ class GPUQuotaViewSet(TenantViewSet):
     queryset = GPUQuota.objects.select_related("workspace")
     filterset_fields = {"workspace__name": ["exact"], "gpu_type": ["exact"]}
 
-    def get_serializer_context(self) -> dict[str, Any]:
-        context = super().get_serializer_context()
-        if self.request:
-            ids = list(restrict(Workspace.objects.all(), self.request.user).values_list("pk", flat=True)[:500])
-            context["in_use"] = gpus_in_use(ids)
-        return context
+    def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
+        """Usage for exactly the quotas being shown."""
+        serializer = super().get_serializer(*args, **kwargs)
+        ids = list({q.workspace_id for q in _shown(args, kwargs)})
+        serializer.context.update(in_use=gpus_in_use(ids), in_use_of=set(ids))
+        return serializer
 
     def _save(self, serializer: serializers.BaseSerializer, workspace: Workspace, gpu_type: str) -> None:
         if not self.request.user.is_staff:

@@ -1,3 +1,7 @@
+from decimal import Decimal
+
+from apps.jobs.actions import check_submit_job
+from apps.scheduling.adapter import run_cycle
 from tests.personas import World
 
 
@@ -18,3 +22,18 @@ def test_it_launches_and_admits_an_instance(world: World, django_capture_on_comm
     detail = client.get(f"/api/v1/instances/{response.json()['id']}/").json()
     assert detail["state"] == "PROVISIONING"
     assert detail["cluster"] == "local"
+
+
+def test_it_shows_gpus_in_use_against_each_quota(world: World) -> None:
+    check_submit_job(
+        world.team_a, name="train", command="true", gpu_type="h100", gpus_per_replica=Decimal("3"),
+        replicas=1, acting_user=world.alice,
+    )  # fmt: skip
+    run_cycle()
+    admin = world.client(world.admin)
+    listed = {(q["workspace"], q["gpu_type"]): q["in_use"] for q in admin.get("/api/v1/quotas/").json()["results"]}
+    assert listed[("team-a", "h100")] == "3.00"
+    workspace = admin.get("/api/v1/workspaces/team-a/").json()
+    assert workspace["gpu_quotas"][0]["in_use"] == "3.00"
+    created = admin.post("/api/v1/quotas/", {"workspace": "team-a", "gpu_type": "h100", "gpus": "6"}, format="json")
+    assert created.json()["in_use"] == "3.00"

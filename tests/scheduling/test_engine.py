@@ -25,30 +25,9 @@ from apps.scheduling.engine import (
     WorkspaceInfo,
     schedule,
 )
+from tests.scheduling.builders import admitted, reasons, ws
 
 D = Decimal
-
-
-def ws(
-    name: str,
-    h100: str | None = None,
-    *,
-    borrowing_limit: str | None = None,
-    lending_limit: str | None = None,
-    cohort: str | None = None,
-    can_borrow: bool = False,
-) -> WorkspaceInfo:
-    quotas = ()
-    if h100 is not None:
-        quotas = (
-            Quota(
-                "h100",
-                D(h100),
-                None if borrowing_limit is None else D(borrowing_limit),
-                None if lending_limit is None else D(lending_limit),
-            ),
-        )
-    return WorkspaceInfo(name, quotas, cohort, can_borrow)
 
 
 def node(name: str, *free: str, cluster: str = "local", gpu_type: str = "h100") -> NodeInfo:
@@ -65,16 +44,8 @@ def snapshot(workspaces=(), nodes=(), running=(), pending=()) -> Snapshot:
     return Snapshot(tuple(workspaces), tuple(nodes), tuple(running), tuple(pending))
 
 
-def admitted_keys(decisions) -> list[str]:
-    return [a.key for a in decisions.admitted]
-
-
 def rejected(decisions) -> dict[str, str]:
     return {r.key: r.reason for r in decisions.rejected}
-
-
-def reasons(decisions) -> dict[str, str]:
-    return {p.key: p.reason for p in decisions.pending}
 
 
 # --- placement ------------------------------------------------------------------------------
@@ -138,7 +109,7 @@ def test_it_admits_a_gang_whole_or_not_at_all() -> None:
             pending=[job("job:1", "team-a", "4", replicas=2, seq=1), job("job:2", "team-a", "1", seq=2)],
         )
     )
-    assert admitted_keys(decisions) == ["job:2"]
+    assert admitted(decisions) == ["job:2"]
     assert reasons(decisions) == {"job:1": "waiting for 2 nodes with 4 free h100"}
 
 
@@ -208,7 +179,7 @@ def test_it_admits_higher_priority_first() -> None:
             pending=[job("job:1", "team-a", "1", priority=0, seq=1), job("job:2", "team-a", "1", priority=10, seq=2)],
         )
     )
-    assert admitted_keys(decisions) == ["job:2"]
+    assert admitted(decisions) == ["job:2"]
     assert reasons(decisions) == {"job:1": "waiting for a node with 1 free h100"}
 
 
@@ -220,7 +191,7 @@ def test_it_admits_earlier_submissions_first_among_equal_priorities() -> None:
             pending=[job("job:2", "team-a", "1", seq=20), job("job:1", "team-a", "1", seq=10)],
         )
     )
-    assert admitted_keys(decisions) == ["job:1"]
+    assert admitted(decisions) == ["job:1"]
 
 
 def test_it_numbers_the_queue_per_cluster_and_per_workspace() -> None:
@@ -236,7 +207,7 @@ def test_it_numbers_the_queue_per_cluster_and_per_workspace() -> None:
             ],
         )
     )
-    assert admitted_keys(decisions) == ["job:1"]
+    assert admitted(decisions) == ["job:1"]
     positions = [(p.key, p.cluster_position, p.workspace_position) for p in decisions.pending]
     assert positions == [("job:2", 1, 1), ("job:3", 2, 1), ("job:4", 3, 2)]
 
@@ -338,7 +309,7 @@ def test_it_does_not_borrow_outside_a_cohort() -> None:
 def test_it_caps_borrowing_at_the_borrowing_limit() -> None:
     lender = ws("team-b", "8", cohort="lab")
     borrower = ws("team-a", "2", borrowing_limit="1", cohort="lab", can_borrow=True)
-    assert admitted_keys(schedule(_cohort(borrower, lender, pending=[job("job:1", "team-a", "3")]))) == ["job:1"]
+    assert admitted(schedule(_cohort(borrower, lender, pending=[job("job:1", "team-a", "3")]))) == ["job:1"]
     decisions = schedule(
         _cohort(borrower, lender, running=[job("job:0", "team-a", "1")], pending=[job("job:1", "team-a", "3")])
     )
@@ -353,7 +324,7 @@ def test_it_caps_borrowing_at_the_borrowing_limit() -> None:
 def test_it_caps_borrowing_at_the_lenders_lending_limit() -> None:
     lender = ws("team-b", "8", lending_limit="2", cohort="lab")
     borrower = ws("team-a", "0", cohort="lab", can_borrow=True)
-    assert admitted_keys(schedule(_cohort(borrower, lender, pending=[job("job:1", "team-a", "2")]))) == ["job:1"]
+    assert admitted(schedule(_cohort(borrower, lender, pending=[job("job:1", "team-a", "2")]))) == ["job:1"]
     decisions = schedule(
         _cohort(borrower, lender, running=[job("job:0", "team-a", "1")], pending=[job("job:1", "team-a", "2")])
     )
@@ -398,7 +369,7 @@ def test_it_shares_the_cohorts_idle_quota_between_borrowers_in_one_cycle() -> No
             pending=[job("job:1", "team-a", "3", seq=1), job("job:2", "team-c", "3", seq=2)],
         )
     )
-    assert admitted_keys(decisions) == ["job:1"]
+    assert admitted(decisions) == ["job:1"]
     assert reasons(decisions)["job:2"].endswith("; cohort lab has 1 idle to lend")
 
 
@@ -822,6 +793,6 @@ def test_it_admits_a_workload_that_fits_alone_in_an_empty_cluster(
     quota = workload.total_gpus if enough_quota else workload.total_gpus - D("0.25")
     decisions = schedule(snapshot([ws("team-a", str(quota))], nodes, pending=[workload]))
     fits = enough_quota and _replicas_that_fit(nodes, size) >= replicas
-    assert admitted_keys(decisions) == (["job:1"] if fits else [])
+    assert admitted(decisions) == (["job:1"] if fits else [])
     # An idle cluster and a quota of its own only: what does not fit now never will (changed: was pending).
     assert [r.key for r in decisions.rejected] == ([] if fits else ["job:1"])

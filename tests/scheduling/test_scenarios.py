@@ -20,34 +20,10 @@ from apps.scheduling.engine import (
     WorkspaceInfo,
     schedule,
 )
+from tests.scheduling.builders import admitted, reasons, ws
 
 D = Decimal
 NOW = 10_000.0  # the scenarios' clock: work started at 0 is long past min_runtime_s and may be preempted
-
-
-def ws(
-    name: str,
-    h100: str | None = None,
-    *,
-    borrowing_limit: str | None = None,
-    lending_limit: str | None = None,
-    cohort: str | None = None,
-    can_borrow: bool = False,
-    weight: float = 1.0,
-    history: float = 0.0,
-) -> WorkspaceInfo:
-    quotas = ()
-    if h100 is not None:
-        quotas = (
-            Quota(
-                "h100",
-                D(h100),
-                None if borrowing_limit is None else D(borrowing_limit),
-                None if lending_limit is None else D(lending_limit),
-            ),
-        )
-    past = (("h100", history),) if history else ()
-    return WorkspaceInfo(name, quotas, cohort, can_borrow, weight, past)
 
 
 def node(name: str, devices: int = 8, *, used: tuple[int, ...] = (), cluster: str = "local") -> NodeInfo:
@@ -82,16 +58,8 @@ def snapshot(workspaces, nodes, running=(), pending=(), *, now: float = NOW, pol
     return Snapshot(tuple(workspaces), tuple(nodes), tuple(running), tuple(pending), now, policy or Policy())
 
 
-def admitted(decisions: Decisions) -> list[str]:
-    return [a.key for a in decisions.admitted]
-
-
 def preempted(decisions: Decisions) -> list[str]:
     return [p.key for p in decisions.preempted]
-
-
-def reasons(decisions: Decisions) -> dict[str, str]:
-    return {p.key: p.reason for p in decisions.pending}
 
 
 LAB = (ws("team-a", "8", cohort="lab"), ws("team-b", "0", cohort="lab", can_borrow=True))
