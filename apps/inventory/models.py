@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q, Sum
+from django.db.models import Q
 
 from apps.names import validate_dns_label, validate_gpu_type
 
@@ -88,11 +88,6 @@ class GPU(models.Model):
     def __str__(self) -> str:
         return f"{self.node}:{self.index} ({self.model})"
 
-    @property
-    def allocated(self) -> Decimal:
-        total = self.allocations.aggregate(total=Sum("fraction"))["total"]
-        return total or Decimal("0")
-
 
 class Allocation(models.Model):
     """A share of one GPU held by one replica of an instance or a job."""
@@ -117,7 +112,3 @@ class Allocation(models.Model):
             ),
             models.CheckConstraint(condition=Q(fraction__gt=0) & Q(fraction__lte=1), name="allocation_fraction"),
         ]
-
-    @property
-    def holder(self) -> object:
-        return self.instance or self.job

@@ -583,12 +583,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
     return engine.cycle(snapshot.now)
 
 
-def never_fits_reason(snapshot: Snapshot, workload: Workload) -> str:
-    """Why a workload could never be admitted under the snapshot's quotas and nodes ("" if it could)."""
-    return Engine(snapshot.workspaces, snapshot.nodes, snapshot.policy)._never_fits(workload)
-
-
 __all__ = [
     "Admit", "Decisions", "Device", "Engine", "NodeInfo", "Pending", "Policy", "Preempt", "Quota", "Reject",
-    "ReplicaPlacement", "Snapshot", "Workload", "WorkspaceInfo", "never_fits_reason", "schedule",
+    "ReplicaPlacement", "Snapshot", "Workload", "WorkspaceInfo", "schedule",
 ]  # fmt: skip
