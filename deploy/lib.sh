@@ -38,3 +38,25 @@ ensure_venv() {
     echo "$want" > "$stamp"
   fi
 }
+
+# The pinned Node packages of package-lock.json (the notebook proxy, the pages' scripts) in
+# node_modules/, reinstalled when the lock file changes.
+ensure_node_modules() {
+  local stamp want
+  if ! command -v npm >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      echo "Installing Node.js and npm..."
+      apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+    else
+      echo "GPU Portal needs Node.js and npm (sudo apt-get install nodejs npm)." >&2
+      return 1
+    fi
+  fi
+  stamp="$ROOT/node_modules/.package-lock.sha256"
+  want="$(sha256sum "$ROOT/package-lock.json" | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "Installing the pinned Node packages..."
+    (cd "$ROOT" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$want" > "$stamp"
+  fi
+}

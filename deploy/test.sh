@@ -6,6 +6,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$ROOT/deploy/services.sh"
 ensure_venv
+ensure_node_modules
 ensure_postgres
 ensure_redis
 cd "$ROOT"
