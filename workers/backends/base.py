@@ -55,6 +55,57 @@ class JobSpec:
     artifact_paths: list[str] = field(default_factory=list)
 
 
+@dataclass
+class InstanceSpec:
+    """An instance: a share of a cluster reserved for a workspace's people to work in.
+
+    ``kind`` is the compute profile's kind (``slice``, ``namespace``, ``vcluster``, ``dedicated``);
+    ``devices`` the GPU indices it holds (its notebooks run on them); ``users`` the usernames that
+    may use it (the Kubernetes backend binds them to its namespace).
+    """
+
+    key: str
+    workspace: str
+    name: str
+    work_dir: str
+    kind: str = "slice"
+    devices: list[str] = field(default_factory=list)
+    gpu_type: str = ""
+    gpus: float = 0.0
+    cpu_cores: float = 1.0
+    memory_gb: float = 1.0
+    users: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NotebookSpec:
+    """A Jupyter server on an instance, served by the portal's proxy under ``base_url``.
+
+    ``base_url`` is ``/notebooks/<workspace>/<notebook>/``; ``token`` is the server's secret.
+    ``python_packages`` (pip requirements) build its environment where the backend runs
+    processes (local, Slurm); ``image`` is its container image on Kubernetes. ``devices`` are
+    its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say).
+    ``auth_url`` is where the server asks the portal whether a request's user may pass.
+    """
+
+    key: str
+    workspace: str
+    name: str
+    work_dir: str
+    base_url: str
+    token: str
+    python_packages: list[str] = field(default_factory=list)
+    image: str = ""
+    devices: list[str] = field(default_factory=list)
+    cpu_cores: float = 1.0
+    memory_gb: float = 1.0
+    instance_state: dict[str, Any] = field(default_factory=dict)
+    auth_url: str = ""
+
+
+Spec = JobSpec | InstanceSpec | NotebookSpec
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where a started workload can be reached (for a gang: its rendezvous address)."""
@@ -131,12 +182,14 @@ class Backend(ABC):
     name: str = ""
 
     @abstractmethod
-    def start(self, spec: JobSpec) -> Endpoint:
+    def start(self, spec: Spec) -> Endpoint:
         """Start the workload and return once it is really running (not merely submitted).
 
-        Returns where it can be reached. Calling ``start()`` again while the same workload runs
-        returns the same endpoint. Raises ``PolicyRefusal`` for a spec the user must fix,
-        ``BackendError`` otherwise; on either, nothing of the workload is left running.
+        The spec says which kind of workload: a job, an instance or a notebook (a notebook is
+        running once its server answers). A backend that cannot run a kind raises
+        ``BackendError(permanent=True)``. Returns where it can be reached. Calling ``start()``
+        again while the same workload runs returns the same endpoint. Raises ``PolicyRefusal``
+        for a spec the user must fix, ``BackendError`` otherwise; on either, nothing of the workload is left running.
         """
 
     @abstractmethod
@@ -187,6 +240,10 @@ class Backend(ABC):
     @abstractmethod
     def progress(self) -> Progress | None:
         """Return the last ``PROGRESS <fraction>`` (0..1) the job printed, or ``None`` if none yet."""
+
+    def kubeconfig(self) -> str | None:
+        """A kubeconfig for the workload's users, where the backend has one (a namespace instance)."""
+        return None
 
     @abstractmethod
     def discover(self) -> list[GpuInfo]:

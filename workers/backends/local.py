@@ -32,6 +32,7 @@ from workers.backends.base import (
     JobSpec,
     PolicyRefusal,
     Progress,
+    Spec,
     Status,
 )
 
@@ -109,13 +110,15 @@ class LocalBackend(Backend):
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: JobSpec) -> Endpoint:
+    def start(self, spec: Spec) -> Endpoint:
         """Start every replica; return the gang's rendezvous address (127.0.0.1, MASTER_PORT).
 
         ``PolicyRefusal`` for bad env keys or artifact paths; ``BackendError(permanent=True)`` for
         a malformed spec or a job that already ran on this state; ``BackendError`` transient when
         a process could not be created (replicas already started are killed first).
         """
+        if not isinstance(spec, JobSpec):
+            raise BackendError(f"the local backend does not run a {type(spec).__name__} yet", permanent=True)
         if self._state:
             if self._state.get("key") == spec.key and self._alive_ranks():
                 return self._endpoint()

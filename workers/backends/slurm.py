@@ -37,6 +37,7 @@ from workers.backends.base import (
     JobSpec,
     PolicyRefusal,
     Progress,
+    Spec,
     Status,
 )
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
@@ -230,13 +231,15 @@ class SlurmBackend(Backend):
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: JobSpec) -> Endpoint:
+    def start(self, spec: Spec) -> Endpoint:
         """Submit the batch job and wait until Slurm runs it (or it already ended).
 
         ``PolicyRefusal`` for bad env keys, artifact paths, or a request the cluster can never
         satisfy; ``BackendError`` transient when the job did not start within
         ``start_timeout_s`` (it is cancelled first) or a command failed.
         """
+        if not isinstance(spec, JobSpec):
+            raise BackendError(f"the slurm backend does not run a {type(spec).__name__} yet", permanent=True)
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
