@@ -17,7 +17,12 @@ from apps.names import validate_gpu_type
 
 class Workload(models.Model):
     workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="+")
+    # Where it runs once admitted (None while it waits); set by the scheduler.
     cluster = models.ForeignKey("inventory.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # Where its submitter asked it to run (None: any cluster). Kept across preemption and requeues.
+    requested_cluster = models.ForeignKey(
+        "inventory.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
