@@ -62,7 +62,16 @@ def _ts(moment: datetime | None) -> float | None:
     return moment.timestamp() if moment is not None else None
 
 
+def _cluster_name(row: Row, *, pending: bool) -> str | None:
+    """The cluster a running workload holds its devices on; for a pending one, the cluster its
+    submitter asked for (None: any)."""
+    if pending:
+        return row.requested_cluster.name if row.requested_cluster_id else None
+    return row.cluster.name if row.cluster_id else None
+
+
 def _as_workload(row: Row, allocations: dict[str, list[Allocation]] | None = None) -> engine.Workload:
+    """The engine's view of a row: pending when `allocations` is None, else running with its placement."""
     is_job = isinstance(row, Job)
     placement: tuple[engine.ReplicaPlacement, ...] = ()
     if allocations is not None:
@@ -90,7 +99,7 @@ def _as_workload(row: Row, allocations: dict[str, list[Allocation]] | None = Non
         expected_runtime_s=float(row.max_runtime_s) if is_job and row.max_runtime_s else None,  # type: ignore[union-attr]
         eligible_at=_ts(row.eligible_at) or 0.0,
         started_at=_ts(row.started_at or row.admitted_at),
-        cluster=row.cluster.name if row.cluster_id else None,
+        cluster=_cluster_name(row, pending=allocations is None),
         placement=placement,
     )
 
@@ -175,8 +184,8 @@ class Loaded:
 def load_snapshot(now: datetime | None = None) -> Loaded:
     now = now or timezone.now()
     rules = policy()
-    instances = Instance.objects.select_related("workspace", "cluster")
-    jobs = Job.objects.select_related("workspace", "cluster")
+    instances = Instance.objects.select_related("workspace", "cluster", "requested_cluster")
+    jobs = Job.objects.select_related("workspace", "cluster", "requested_cluster")
     pending: list[Row] = [*instances.filter(state=Instance.State.QUEUED), *jobs.filter(state=Job.State.QUEUED)]
     running: list[Row] = [
         *instances.filter(state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]),
