@@ -4,6 +4,7 @@ unknown fields), plus what schemas cannot see (names, gang wiring, quotas, isola
 from __future__ import annotations
 
 import copy
+import json
 import re
 from decimal import Decimal
 from typing import Any
@@ -47,8 +48,8 @@ def every_manifest() -> list[tuple[str, dict[str, Any]]]:
             settings = SHARED if profile_id == "half" else ko.KubeSettings()
             for obj in ko.namespace_objects(owner, profile, ["alice", "bob"], settings):
                 cases.append((f"namespace-{owner_id}-{profile_id}-{obj['kind']}", obj))
-            for obj in ko.vcluster_host_objects(owner, profile, settings):
-                cases.append((f"vcluster-{owner_id}-{profile_id}-{obj['kind']}", obj))
+            for obj in ko.vcluster_objects(owner, profile, settings, api_server_url="https://vc.example.org"):
+                cases.append((f"vcluster-{owner_id}-{profile_id}-{obj['kind']}-{obj['metadata']['name']}", obj))
         for settings_id, settings in [("host", HOST), ("path", PATH), ("pathnohost", ko.KubeSettings())]:
             for nb in ["lab", LONG, "1st"]:
                 for size_id, size in [("gpus", WHOLE), ("nogpu", NO_GPU)]:
@@ -63,6 +64,18 @@ def every_manifest() -> list[tuple[str, dict[str, Any]]]:
                     objs = ko.job_objects(owner, spec, SHARED)
                     cases += [(f"job-{owner_id}-{len(name)}-{replicas}-{size_id}-{o['kind']}", o) for o in objs]
         cases.append((f"job-{owner_id}-fractional", ko.job(owner, _job(size=ko.Size(2, 8, Decimal("0.25"))), SHARED)))
+        jobs_owner = ko.jobs_owner(owner.workspace, SHARED)
+        cases += [
+            (f"jobs-namespace-{owner_id}-{o['kind']}", o) for o in ko.jobs_namespace_objects(owner.workspace, SHARED)
+        ]
+        cases += [
+            (f"job-in-jobs-namespace-{owner_id}-{o['kind']}", o) for o in ko.job_objects(jobs_owner, _job(), SHARED)
+        ]
+        in_namespace = ko.Owner(owner.workspace, owner.instance, namespace=ko.namespace_name(owner, SHARED))
+        objs = ko.notebook_objects(
+            in_namespace, "lab", image="img", size=WHOLE, token="t", settings=HOST, base_url="/nb/vision/lab/"
+        )
+        cases += [(f"notebook-base-url-{owner_id}-{o['kind']}", o) for o in objs]
         small = ko.Size(cpu_cores=0.5, memory_gb=0.75)
         cases += [(f"small-{owner_id}-{o['kind']}", o) for o in ko.namespace_objects(owner, small, [], SHARED)]
         cases.append((f"small-job-{owner_id}", ko.job(owner, _job(size=small), SHARED)))
@@ -382,3 +395,47 @@ def test_a_mig_profile_is_asked_for_as_its_own_resource() -> None:
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     assert manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "2"
     assert ko.resource_quota(OWNER, mig, settings)["spec"]["hard"]["requests.nvidia.com/mig-1g.10gb"] == "2"
+
+
+def test_the_vcluster_installer_runs_helm_with_the_values_in_the_namespace() -> None:
+    config_map, account, binding, installer = ko.vcluster_installer_objects(
+        OWNER, ko.KubeSettings(helm_image="alpine/helm:3.17.3"), api_server_url="https://vc.example.org"
+    )
+    ns = ko.namespace_name(OWNER, ko.KubeSettings())
+    assert {o["metadata"]["namespace"] for o in (config_map, account, binding, installer)} == {ns}
+    values = json.loads(config_map["data"][ko.VCLUSTER_VALUES_FILE])
+    assert values == ko.vcluster_values(OWNER, api_server_url="https://vc.example.org")
+    assert values["exportKubeConfig"]["secret"]["name"] == ko.vcluster_kubeconfig_secret_name(OWNER)
+    assert binding["roleRef"]["name"] == "admin" and binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": ns}]
+    pod = installer["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:5] == ["helm", "upgrade", "--install", ko.vcluster_release_name(OWNER), ko.VCLUSTER_CHART_NAME]
+    assert command[command.index("--version") + 1] == ko.VCLUSTER_CHART_VERSION
+    assert command[command.index("--namespace") + 1] == ns
+    (mount,) = container["volumeMounts"]
+    assert command[command.index("--values") + 1] == f"{mount['mountPath']}/{ko.VCLUSTER_VALUES_FILE}"
+    assert pod["volumes"] == [{"name": mount["name"], "configMap": {"name": config_map["metadata"]["name"]}}]
+
+
+def test_a_workspaces_jobs_namespace_is_not_an_instances_namespace() -> None:
+    settings = ko.KubeSettings()
+    jobs = ko.jobs_namespace_name("vision", settings)
+    assert jobs.startswith("gp-vision-jobs-") and DNS_LABEL.match(jobs)
+    assert jobs != ko.namespace_name(ko.Owner("vision", "jobs"), settings)
+    assert jobs != ko.jobs_namespace_name("vision2", settings)
+    namespace, policy = ko.jobs_namespace_objects("vision", settings)
+    assert namespace["metadata"]["name"] == policy["metadata"]["namespace"] == jobs
+    job = ko.job(ko.jobs_owner("vision", settings), _job(), settings)
+    assert job["metadata"]["namespace"] == jobs
+
+
+def test_a_given_namespace_and_base_url_are_used_as_they_are() -> None:
+    owner = ko.Owner("vision", "dev", namespace="gp-vision-dev-0123456789")
+    objs = ko.notebook_objects(owner, "lab", image="img", size=NO_GPU, token="t", settings=PATH, base_url="/x/lab/")
+    assert {o["metadata"]["namespace"] for o in objs} == {"gp-vision-dev-0123456789"}
+    stateful_set, ingress = objs[2], objs[3]
+    assert "--ServerApp.base_url=/x/lab/" in stateful_set["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] == "/x/lab/"

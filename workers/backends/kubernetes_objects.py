@@ -21,6 +21,7 @@ it a fractional request is refused with `UnsupportedRequest`. Time-slicing does 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class KubeSettings:
     username_prefix: str = ""
     master_port: int = 29500
     job_ttl_after_finished_s: int = 3600
+    # The image of the Job that installs a vcluster's chart: it runs `helm`.
+    helm_image: str = "alpine/helm:3.17.3"
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,15 @@ class Size:
 
 @dataclass(frozen=True)
 class Owner:
-    """Whose object it is: every object carries these as labels."""
+    """Whose object it is: every object carries these as labels.
+
+    `namespace`, where given, is the namespace the objects go to (a notebook's instance namespace as the
+    backend recorded it, a workspace's jobs namespace); otherwise it is derived from the names.
+    """
 
     workspace: str
     instance: str
+    namespace: str | None = None
 
 
 # -- names and labels -------------------------------------------------------------------------------------
@@ -111,7 +119,22 @@ def dns_name(*parts: str, max_length: int = 63, always_hash: bool = False) -> st
 
 
 def namespace_name(owner: Owner, settings: KubeSettings) -> str:
+    if owner.namespace:
+        return owner.namespace
     return dns_name(settings.namespace_prefix, owner.workspace, owner.instance, always_hash=True)
+
+
+def jobs_namespace_name(workspace: str, settings: KubeSettings) -> str:
+    """The namespace a workspace's jobs run in: "<prefix>-<workspace>-jobs-<hash>".
+
+    The hash covers an extra empty part, which no instance name can be, so an instance named "jobs" gets a
+    namespace of its own and never this one.
+    """
+    return dns_name(settings.namespace_prefix, workspace, "jobs", "", always_hash=True)
+
+
+def jobs_owner(workspace: str, settings: KubeSettings) -> Owner:
+    return Owner(workspace=workspace, instance="", namespace=jobs_namespace_name(workspace, settings))
 
 
 def notebook_name(notebook: str) -> str:
@@ -383,6 +406,78 @@ def vcluster_host_objects(owner: Owner, profile: Size, settings: KubeSettings) -
     ]
 
 
+VCLUSTER_INSTALLER = "gpuportal-vcluster-install"
+VCLUSTER_VALUES_FILE = "values.yaml"
+
+
+def vcluster_kubeconfig_secret_name(owner: Owner) -> str:
+    """The Secret the vcluster writes its kubeconfig to (key "config"), as `vcluster_values` asks."""
+    return f"{vcluster_release_name(owner)}-kubeconfig"
+
+
+def vcluster_installer_objects(owner: Owner, settings: KubeSettings, *, api_server_url: str) -> list[Manifest]:
+    """A Job in the host namespace that runs `helm upgrade --install` of the vcluster chart with our values.
+
+    The values travel in a ConfigMap (JSON, which Helm reads as YAML). The Job's service account is bound to
+    the built-in `admin` ClusterRole in this namespace only, for the chart's namespaced objects (StatefulSet,
+    Services, Secrets, its Role and RoleBinding). The pod takes the LimitRange's default size, within the quota.
+    """
+    ns, labels = namespace_name(owner, settings), portal_labels(owner, "vcluster", owner.instance)
+    values = json.dumps(vcluster_values(owner, api_server_url=api_server_url), indent=2, sort_keys=True)
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
+        "data": {VCLUSTER_VALUES_FILE: values},
+    }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(VCLUSTER_INSTALLER, labels, ns)}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": VCLUSTER_INSTALLER, "namespace": ns}],
+    }
+    helm = [
+        "helm", "upgrade", "--install", vcluster_release_name(owner), VCLUSTER_CHART_NAME,
+        "--repo", VCLUSTER_CHART_REPO, "--version", VCLUSTER_CHART_VERSION, "--namespace", ns,
+        "--values", f"/values/{VCLUSTER_VALUES_FILE}", "--wait", "--timeout", "10m",
+    ]  # fmt: skip
+    container = {
+        "name": "helm",
+        "image": settings.helm_image,
+        "command": helm,
+        "env": [{"name": "HOME", "value": "/tmp"}],  # helm's cache and config
+        "volumeMounts": [{"name": "values", "mountPath": "/values", "readOnly": True}],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "serviceAccountName": VCLUSTER_INSTALLER,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [{"name": "values", "configMap": {"name": VCLUSTER_INSTALLER}}],
+    }
+    installer = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": 1200,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }
+    return [config_map, account, binding, installer]
+
+
+def vcluster_objects(owner: Owner, profile: Size, settings: KubeSettings, *, api_server_url: str) -> list[Manifest]:
+    """Everything an instance of kind "vcluster" is, in the order to create it."""
+    return [
+        *vcluster_host_objects(owner, profile, settings),
+        *vcluster_installer_objects(owner, settings, api_server_url=api_server_url),
+    ]
+
+
 # -- notebooks --------------------------------------------------------------------------------------------
 
 
@@ -399,11 +494,11 @@ def notebook_host(owner: Owner, notebook: str, settings: KubeSettings) -> str | 
     return f"{dns_name(notebook, owner.workspace)}.{settings.ingress_host}"
 
 
-def notebook_url(owner: Owner, notebook: str, settings: KubeSettings) -> str:
+def notebook_url(owner: Owner, notebook: str, settings: KubeSettings, base_url: str | None = None) -> str:
     """Where the browser opens the notebook (the token still has to be given)."""
     host = notebook_host(owner, notebook, settings) or "<portal-host>"
     scheme = "https" if settings.ingress_tls_secret else "http"
-    return f"{scheme}://{host}{notebook_base_url(owner, notebook)}"
+    return f"{scheme}://{host}{base_url or notebook_base_url(owner, notebook)}"
 
 
 def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: KubeSettings) -> Manifest:
@@ -420,8 +515,10 @@ def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: Kub
     }
 
 
-def _notebook_container(owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings) -> Manifest:
-    base_url = notebook_base_url(owner, notebook)
+def _notebook_container(
+    owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings, base_url: str | None
+) -> Manifest:
+    base_url = base_url or notebook_base_url(owner, notebook)
     token_ref = {"secretKeyRef": {"name": notebook_token_secret_name(notebook), "key": TOKEN_KEY}}
     return {
         "name": "notebook",
@@ -444,11 +541,16 @@ def _notebook_container(owner: Owner, notebook: str, image: str, size: Size, set
     }
 
 
-def notebook_stateful_set(owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings) -> Manifest:
-    """One Jupyter server pod; a StatefulSet so a deleted pod comes back with the same name and DNS."""
+def notebook_stateful_set(
+    owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings, base_url: str | None = None
+) -> Manifest:
+    """One Jupyter server pod; a StatefulSet so a deleted pod comes back with the same name and DNS.
+
+    `base_url` is where the server is served (default: `notebook_base_url`).
+    """
     name, labels = notebook_name(notebook), portal_labels(owner, "notebook", notebook)
     pod_spec: dict[str, Any] = {
-        "containers": [_notebook_container(owner, notebook, image, size, settings)],
+        "containers": [_notebook_container(owner, notebook, image, size, settings, base_url)],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         **_pod_placement(size, settings),
@@ -479,11 +581,11 @@ def notebook_service(owner: Owner, notebook: str, settings: KubeSettings) -> Man
     }
 
 
-def notebook_ingress(owner: Owner, notebook: str, settings: KubeSettings) -> Manifest:
+def notebook_ingress(owner: Owner, notebook: str, settings: KubeSettings, base_url: str | None = None) -> Manifest:
     """Routes the notebook's base URL to its Service, on the shared host (path mode) or its own (host mode)."""
     host = notebook_host(owner, notebook, settings)
     backend = {"service": {"name": notebook_name(notebook), "port": {"name": "http"}}}
-    path = {"path": notebook_base_url(owner, notebook), "pathType": "Prefix", "backend": backend}
+    path = {"path": base_url or notebook_base_url(owner, notebook), "pathType": "Prefix", "backend": backend}
     rule: dict[str, Any] = {"http": {"paths": [path]}}
     if host:
         rule["host"] = host
@@ -501,14 +603,21 @@ def notebook_ingress(owner: Owner, notebook: str, settings: KubeSettings) -> Man
 
 
 def notebook_objects(
-    owner: Owner, notebook: str, *, image: str, size: Size, token: str, settings: KubeSettings
+    owner: Owner,
+    notebook: str,
+    *,
+    image: str,
+    size: Size,
+    token: str,
+    settings: KubeSettings,
+    base_url: str | None = None,
 ) -> list[Manifest]:
     """A notebook, in the order to create it (the token Secret before the pod that reads it)."""
     return [
         notebook_token_secret(owner, notebook, token, settings),
         notebook_service(owner, notebook, settings),
-        notebook_stateful_set(owner, notebook, image, size, settings),
-        notebook_ingress(owner, notebook, settings),
+        notebook_stateful_set(owner, notebook, image, size, settings, base_url),
+        notebook_ingress(owner, notebook, settings, base_url),
     ]
 
 
@@ -611,6 +720,15 @@ def job_service(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest
 def job_objects(owner: Owner, spec: GangJob, settings: KubeSettings) -> list[Manifest]:
     """A job, in the order to create it (the Service first, so DNS exists before any pod)."""
     return [job_service(owner, spec, settings), job(owner, spec, settings)]
+
+
+def jobs_namespace_objects(workspace: str, settings: KubeSettings) -> list[Manifest]:
+    """A workspace's jobs namespace: the Namespace and its isolating NetworkPolicy.
+
+    No ResourceQuota: the portal admits jobs under the workspace's quota before they reach the cluster.
+    """
+    owner = jobs_owner(workspace, settings)
+    return [namespace(owner, settings), network_policy(owner, settings)]
 
 
 def job_release_patch() -> Manifest:
