@@ -242,6 +242,17 @@ PORTAL_WORKLOAD_TRIGGER = env_choice("PORTAL_WORKLOAD_TRIGGER", ("task", "inline
 # An admitted job the worker has not started after this long is started by the reconcile loop.
 PORTAL_START_LOST_AFTER_S = env_int("PORTAL_START_LOST_AFTER_S", 30, minimum=1)
 PORTAL_WORK_DIR = Path(env_str("PORTAL_WORK_DIR", str(DATA_DIR / "work")))
+# Notebooks (docs/notebooks.md). The proxy in front of the portal that routes
+# /notebooks/<workspace>/<notebook>/ to each server: its REST API and that API's token.
+PORTAL_PROXY_API_URL = env_str("PORTAL_PROXY_API_URL", "")
+PORTAL_PROXY_AUTH_TOKEN = env_secret("PORTAL_PROXY_AUTH_TOKEN")
+# How notebook servers reach the portal itself (to check who may use them), bypassing the proxy.
+PORTAL_INTERNAL_URL = env_str("PORTAL_INTERNAL_URL", "http://127.0.0.1:8000")
+# Where the local and Slurm backends keep the notebook profiles' Python environments.
+PORTAL_NOTEBOOK_ENV_DIR = Path(env_str("PORTAL_NOTEBOOK_ENV_DIR", str(DATA_DIR / "envs")))
+PORTAL_NOTEBOOK_START_TIMEOUT_S = env_int("PORTAL_NOTEBOOK_START_TIMEOUT_S", 120, minimum=5, maximum=3600)
+# A notebook or instance whose processes died is restarted this many times in a row, then failed.
+PORTAL_RESTART_LIMIT = env_int("PORTAL_RESTART_LIMIT", 3, minimum=0, maximum=100)
 # The cluster policy (docs/scheduler.md): "portal" (fair share, borrowing, preemption, backfill)
 # or "fifo" (per-workspace hard quota and FIFO queue, as most labs run today).
 PORTAL_SCHEDULER_POLICY = env_choice("PORTAL_SCHEDULER_POLICY", ("portal", "fifo"), "portal")

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,12 @@ def _scheduler_runs_inline(settings: Any) -> None:
     settings.PORTAL_SCHEDULER_TRIGGER = "inline"
     # Admitted jobs start only where a test asks for it (PORTAL_WORKLOAD_TRIGGER = "inline").
     settings.PORTAL_WORKLOAD_TRIGGER = "off"
+    # One work directory per test process: the orphan sweep of one never sees another's jobs.
+    settings.PORTAL_WORK_DIR = Path(tempfile.gettempdir()) / f"gpuportal-test-work-{os.getpid()}"
+    # Notebook environments are built once per machine and kept between runs.
+    settings.PORTAL_NOTEBOOK_ENV_DIR = Path(
+        os.environ.get("PORTAL_TEST_ENV_DIR", Path.home() / ".cache" / "gpuportal" / "test-envs")
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -50,9 +50,40 @@ def sync_job(job_id: int) -> None:
     do_sync_job(job_id)
 
 
+@shared_task(
+    name="portal.converge_instance",
+    ignore_result=True,
+    autoretry_for=(BackendError,),  # only transient ones reach here
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def converge_instance(instance_id: int) -> None:
+    """Start, check or tear down an instance, as its state asks."""
+    from apps.compute.running import converge_instance
+
+    converge_instance(instance_id)
+
+
+@shared_task(
+    name="portal.converge_notebook",
+    ignore_result=True,
+    autoretry_for=(BackendError,),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def converge_notebook(notebook_id: int) -> None:
+    """Start, check or stop a notebook server, as its state asks."""
+    from apps.compute.running import converge_notebook
+
+    converge_notebook(notebook_id)
+
+
 @shared_task(name="portal.reconcile", ignore_result=True)
 def reconcile() -> dict[str, int]:
-    """Converge every job with its backend, and start admitted jobs whose start was lost."""
+    """Converge every job, instance and notebook with its backend, and start what was lost."""
+    from apps.compute.running import reconcile_compute
     from apps.jobs.running import reconcile_jobs
 
-    return reconcile_jobs()
+    return {**reconcile_jobs(), **reconcile_compute()}

@@ -13,7 +13,7 @@ from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
 from apps.scheduling.limits import check_request_size
-from apps.scheduling.trigger import request_cycle
+from apps.scheduling.trigger import request_cycle, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -92,16 +92,23 @@ def do_delete_instance(instance: Instance, *, acting_user: Any, origin: Origin =
     """Delete an instance and its notebooks, releasing its GPUs. Irreversible."""
     with transaction.atomic():
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        if instance.state == Instance.State.DELETED:
-            raise Conflict(f"Instance {instance.name} is already deleted.")
-        for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
+        if instance.state in (Instance.State.DELETED, Instance.State.DELETING):
+            raise Conflict(f"Instance {instance.name} is already {instance.get_state_display().lower()}.")
+        for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES).exclude(
+            state=Notebook.State.STOPPING
+        ):
             do_delete_notebook(notebook, acting_user=acting_user, origin=origin)
-        Allocation.objects.filter(instance=instance).delete()
         previous = instance.state
-        instance.state = Instance.State.DELETED
-        instance.finished_at = timezone.now()
         instance.wait_reason = ""
         instance.workspace_queue_position = instance.cluster_queue_position = None
+        if _has_processes(instance):
+            # The worker stops its processes, then releases its GPUs and marks it deleted.
+            instance.state = Instance.State.DELETING
+            request_workload("instance", instance.pk)
+        else:
+            Allocation.objects.filter(instance=instance).delete()
+            instance.state = Instance.State.DELETED
+            instance.finished_at = timezone.now()
         instance.save()
         do_log_event(
             "instance.delete",
@@ -161,17 +168,28 @@ def check_launch_notebook(
             data={"instance": instance.name, "profile": profile.name},
         )
         notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state})
+        if instance.state == Instance.State.RUNNING:
+            request_workload("notebook", notebook.pk)
     return notebook
+
+
+def _has_processes(row: Instance | Notebook) -> bool:
+    """Whether a backend holds something of it, or a worker is starting it right now."""
+    return "run" in row.backend_state or "starting" in row.backend_state
 
 
 def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> Notebook:
     """Stop a notebook for good."""
     with transaction.atomic():
         notebook = Notebook.objects.select_for_update().get(pk=notebook.pk)
-        if notebook.state == Notebook.State.STOPPED:
+        if notebook.state in (Notebook.State.STOPPED, Notebook.State.STOPPING):
             raise Conflict(f"Notebook {notebook.name} is already deleted.")
-        notebook.state = Notebook.State.STOPPED
-        notebook.stopped_at = timezone.now()
+        if _has_processes(notebook):
+            notebook.state = Notebook.State.STOPPING  # the worker removes its route and process
+            request_workload("notebook", notebook.pk)
+        else:
+            notebook.state = Notebook.State.STOPPED
+            notebook.stopped_at = timezone.now()
         notebook.save()
         do_log_event("notebook.delete", notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
         notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})

@@ -21,7 +21,7 @@ from apps.jobs.actions import do_preempt_job, do_requeue_unready_job
 from apps.jobs.models import Job
 from apps.scheduling import engine
 from apps.scheduling.models import FairShareUsage
-from apps.scheduling.trigger import request_job_sync
+from apps.scheduling.trigger import request_job_sync, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -242,6 +242,8 @@ def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], i
     notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
     if isinstance(row, Job):
         request_job_sync(row.pk, start=True)
+    else:
+        request_workload("instance", row.pk)
     return True
 
 

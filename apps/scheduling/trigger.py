@@ -52,3 +52,26 @@ def request_job_sync(job_id: int, *, start: bool) -> None:
             logger.warning("could not queue job %s for the worker; reconcile will", job_id, exc_info=True)
 
     transaction.on_commit(enqueue)
+
+
+def request_workload(kind: str, pk: int) -> None:
+    """Once committed, have the worker converge an instance or a notebook (`kind`) with its backend."""
+    mode = settings.PORTAL_WORKLOAD_TRIGGER
+    if mode == "off":
+        return
+    if mode == "inline":
+        from apps.compute.running import converge_instance, converge_notebook
+
+        converge = converge_instance if kind == "instance" else converge_notebook
+        transaction.on_commit(lambda: converge(pk))
+        return
+
+    def enqueue() -> None:
+        from workers.tasks import converge_instance, converge_notebook
+
+        try:
+            (converge_instance if kind == "instance" else converge_notebook).delay(pk)
+        except Exception:  # the reconcile loop catches up if the broker is briefly away
+            logger.warning("could not queue %s %s for the worker; reconcile will", kind, pk, exc_info=True)
+
+    transaction.on_commit(enqueue)

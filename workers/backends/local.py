@@ -14,11 +14,13 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,17 @@ from workers.backends.base import (
     BackendError,
     Endpoint,
     GpuInfo,
+    InstanceSpec,
     JobSpec,
+    NotebookSpec,
     PolicyRefusal,
     Progress,
     Spec,
     Status,
 )
+from workers.backends.pyenv import ensure_env
+
+_NOTEBOOK_MODULES = Path(__file__).resolve().parent.parent / "notebook"  # portal_identity.py
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1): the job was killed for running past max_runtime_s
@@ -83,10 +90,16 @@ class LocalBackend(Backend):
         inventory: list[GpuInfo] | None = None,
         cgroup_root: str = "/sys/fs/cgroup",
         teardown_grace_s: float = 5.0,
+        env_root: str = "",
+        notebook_start_timeout_s: float = 60.0,
+        owner: str = "",
     ) -> None:
         self.inventory = inventory
         self.cgroup_root = cgroup_root
         self.teardown_grace_s = teardown_grace_s
+        self.env_root = env_root
+        self.notebook_start_timeout_s = notebook_start_timeout_s
+        self.owner = owner
         self._state: dict[str, Any] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -117,8 +130,10 @@ class LocalBackend(Backend):
         a malformed spec or a job that already ran on this state; ``BackendError`` transient when
         a process could not be created (replicas already started are killed first).
         """
-        if not isinstance(spec, JobSpec):
-            raise BackendError(f"the local backend does not run a {type(spec).__name__} yet", permanent=True)
+        if isinstance(spec, InstanceSpec):
+            return self._start_instance(spec)
+        if isinstance(spec, NotebookSpec):
+            return self._start_notebook(spec)
         if self._state:
             if self._state.get("key") == spec.key and self._alive_ranks():
                 return self._endpoint()
@@ -151,6 +166,87 @@ class LocalBackend(Backend):
             raise BackendError(f"could not start replica: {exc}", permanent=False) from exc
         return self._endpoint()
 
+    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+        """An instance is its directory and a process group holding its GPU slice (and its cgroup,
+        where the kernel allows one): the directory outlives it, its notebooks run beside it."""
+        Path(spec.work_dir, spec.key).mkdir(parents=True, exist_ok=True)
+        holder = JobSpec(
+            key=spec.key,
+            workspace=spec.workspace,
+            name=spec.name,
+            command="exec sleep infinity",
+            work_dir=spec.work_dir,
+            devices=[spec.devices],
+            cpu_cores=spec.cpu_cores,
+            memory_gb=spec.memory_gb,
+        )
+        endpoint = self.start(holder)
+        self._state["kind"] = "instance"
+        return endpoint
+
+    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+        """A Jupyter server of the profile's environment on 127.0.0.1, under ``spec.base_url``,
+        with the instance's GPUs and files; returns once it answers HTTP."""
+        if self._state and self._state.get("key") == spec.key and self._alive_ranks():
+            return self._endpoint()
+        if not self.env_root:
+            raise BackendError("the local backend has no notebook environment directory", permanent=True)
+        env = ensure_env(spec.python_packages, Path(self.env_root))
+        args = [
+            f"{env}/bin/python",
+            "-m",
+            "jupyter_server",
+            "--ip=127.0.0.1",
+            "--port=$MASTER_PORT",
+            "--no-browser",
+            f"--ServerApp.base_url={spec.base_url}",
+            f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}",
+            # Bound to loopback behind the portal's proxy, which keeps the browser's Host header.
+            "--ServerApp.allow_remote_access=True",
+            "--ServerApp.identity_provider_class=portal_identity.PortalIdentityProvider",
+            f"--PortalIdentityProvider.portal_auth_url={spec.auth_url}",
+        ]
+        if os.geteuid() == 0:  # containers and CI often run as root; Jupyter refuses that by default
+            args.append("--allow-root")
+        server = JobSpec(
+            key=spec.key,
+            workspace=spec.workspace,
+            name=spec.name,
+            command="exec " + " ".join(a if a == "--port=$MASTER_PORT" else shlex.quote(a) for a in args),
+            work_dir=spec.work_dir,
+            env={"JUPYTER_TOKEN": spec.token, "PYTHONPATH": str(_NOTEBOOK_MODULES)},
+            devices=[spec.devices],
+            cpu_cores=spec.cpu_cores,
+            memory_gb=spec.memory_gb,
+        )
+        endpoint = self.start(server)
+        self._state["kind"] = "notebook"
+        try:
+            self._wait_answering(f"http://127.0.0.1:{endpoint.port}{spec.base_url}api")
+        except BackendError:
+            self._terminate(grace_s=self.teardown_grace_s, reason="the notebook server did not start")
+            self._finish()
+            raise
+        return Endpoint(endpoint.host, endpoint.port, url=f"http://127.0.0.1:{endpoint.port}")
+
+    def _wait_answering(self, url: str) -> None:
+        deadline = time.monotonic() + self.notebook_start_timeout_s
+        while time.monotonic() < deadline:
+            if not self._alive_ranks():
+                tail, _ = read_log(self._state["replicas"][0]["log"], 0)
+                lines = tail.decode(errors="replace").strip().splitlines()[-5:]
+                raise BackendError("the notebook server exited: " + " | ".join(lines), permanent=False)
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise BackendError(
+            f"the notebook server did not answer within {self.notebook_start_timeout_s:g}s", permanent=False
+        )
+
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
         job_dir = Path(self._state["job_dir"])
         log_path = job_dir / ".portal" / f"replica-{rank}.log"
@@ -163,6 +259,7 @@ class LocalBackend(Backend):
             HOME=str(job_dir),
             PYTHONUNBUFFERED="1",
             PORTAL_JOB_KEY=spec.key,
+            PORTAL_OWNER=self.owner,
             PORTAL_ARTIFACTS_DIR=str(job_dir / "artifacts"),
             CUDA_VISIBLE_DEVICES=",".join(devices),
             RANK=str(rank),
@@ -437,6 +534,34 @@ def _iter_stats() -> Iterator[_Stat]:
             stat = _read_stat(int(entry))
             if stat is not None:
                 yield stat
+
+
+def sweep_orphans(owner: str, keep: set[str]) -> list[str]:
+    """Kill the process groups this backend started for ``owner`` (the portal's work directory)
+    whose workload key is not in ``keep``: what a worker that died between starting processes
+    and recording them left behind. Returns the keys stopped."""
+    stopped = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            if len(cmdline) < 4 or cmdline[3] != b"portal-job":
+                continue
+            environ = dict(
+                item.split(b"=", 1)
+                for item in Path("/proc", entry, "environ").read_bytes().split(b"\0")
+                if b"=" in item
+            )
+        except OSError:
+            continue
+        key = environ.get(b"PORTAL_JOB_KEY", b"").decode(errors="replace")
+        if not owner or environ.get(b"PORTAL_OWNER", b"").decode(errors="replace") != owner or key in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group
+            stopped.append(key)
+    return stopped
 
 
 def validate_spec(spec: JobSpec) -> None:

@@ -13,7 +13,13 @@ def backend_for(cluster: Any) -> Backend:
     """A fresh backend object for one workload on `cluster` (an inventory Cluster row)."""
     kind = getattr(cluster, "kind", None)
     if kind == "local":
-        return LocalBackend()
+        from django.conf import settings
+
+        return LocalBackend(
+            env_root=str(settings.PORTAL_NOTEBOOK_ENV_DIR),
+            notebook_start_timeout_s=float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S),
+            owner=str(settings.PORTAL_WORK_DIR),
+        )
     if kind == "slurm":
         return SlurmBackend(partition=str(getattr(cluster, "connection", {}).get("partition", "gpu")))
     raise BackendError(f"the {kind} backend does not run workloads yet", permanent=True)

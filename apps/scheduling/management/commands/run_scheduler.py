@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from apps.compute.running import reconcile_compute
 from apps.jobs.running import reconcile_jobs
 from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
 
@@ -31,6 +32,7 @@ class Command(BaseCommand):
             close_old_connections()
             try:
                 reconcile_jobs()
+                reconcile_compute()
                 requeue_unready_gangs()
                 result = run_cycle()
                 if once:

@@ -1,0 +1,62 @@
+"""The notebook proxy's routing table, through configurable-http-proxy's REST API.
+
+The proxy stands in front of the portal: its default target is the portal, and each ready
+notebook adds a route ``/notebooks/<workspace>/<notebook>/`` to its server. Routes carry the
+notebook's id, so the reconcile loop can tell ours from stale ones after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+
+TIMEOUT_S = 5.0
+
+
+class ProxyError(Exception):
+    """The proxy could not be reached or refused the change (transient: retried by reconcile)."""
+
+
+def configured() -> bool:
+    return bool(settings.PORTAL_PROXY_API_URL)
+
+
+def _call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    url = settings.PORTAL_PROXY_API_URL.rstrip("/") + "/api/routes" + urllib.parse.quote(path)
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"token {settings.PORTAL_PROXY_AUTH_TOKEN}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            payload = response.read()
+    except urllib.error.HTTPError as exc:
+        if method == "DELETE" and exc.code == 404:
+            return None
+        raise ProxyError(f"the notebook proxy answered {exc.code} to {method} {path}") from exc
+    except OSError as exc:
+        raise ProxyError(f"the notebook proxy at {settings.PORTAL_PROXY_API_URL} is unreachable: {exc}") from exc
+    return json.loads(payload) if payload else None
+
+
+def add_route(prefix: str, target: str, notebook_id: int) -> None:
+    """Route ``prefix`` (and everything under it) to ``target``; replaces an existing route."""
+    _call("POST", prefix.rstrip("/"), {"target": target, "portal_notebook": notebook_id})
+
+
+def remove_route(prefix: str) -> None:
+    """Remove the route; a route that is not there is fine."""
+    _call("DELETE", prefix.rstrip("/"))
+
+
+def routes() -> dict[str, dict[str, Any]]:
+    """The proxy's table: prefix -> {"target": ..., "portal_notebook": id, ...}."""
+    table = _call("GET", "")
+    return dict(table or {})

@@ -1,0 +1,486 @@
+"""Running instances and notebooks on their cluster's backend, and converging them to its truth.
+
+Each object has one entry point, ``converge_instance`` / ``converge_notebook``, that does what
+its state asks for: start it (PROVISIONING, PENDING/STARTING), tear it down (DELETING,
+STOPPING), or check it still runs (RUNNING, READY) and restart it when its processes died. The
+worker calls it when something changes; the scheduler loop's ``reconcile_compute`` calls it for
+every live object, so a lost message or a crashed worker is caught up.
+
+A start can take a while (a notebook's environment is built once per profile), so it runs
+outside any transaction: the object is first *claimed* (a token in ``backend_state``), the
+backend started, and the outcome committed only if the claim still holds. A claim older than
+the start timeout is stale and may be taken over; processes a dead worker left behind are found
+by their key and stopped (``sweep_local_orphans``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.audit.actions import do_log_event
+from apps.compute import proxy
+from apps.compute.models import Instance, Notebook
+from apps.inventory.models import Allocation
+from apps.scheduling.trigger import request_cycle
+from apps.workspaces.live import notify
+from workers.backends.base import Backend, BackendError, InstanceSpec, NotebookSpec, PolicyRefusal
+from workers.backends.registry import backend_for
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+INSTANCE_START_TIMEOUT_S = 60.0
+
+
+def _devices(instance: Instance) -> list[str]:
+    indexes = Allocation.objects.filter(instance=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
+    return [str(i) for i in indexes]
+
+
+def instance_dir(instance: Instance) -> str:
+    return str(settings.PORTAL_WORK_DIR / instance.workspace.name / f"instance-{instance.pk}")
+
+
+def _instance_spec(instance: Instance) -> InstanceSpec:
+    members = instance.workspace.memberships.values_list("user__username", flat=True)
+    return InstanceSpec(
+        key=f"instance-{instance.pk}",
+        workspace=instance.workspace.name,
+        name=instance.name,
+        work_dir=str(settings.PORTAL_WORK_DIR / instance.workspace.name),
+        kind=instance.profile.kind,
+        devices=_devices(instance),
+        gpu_type=instance.gpu_type,
+        gpus=float(instance.gpus_per_replica),
+        cpu_cores=float(instance.cpu_cores),
+        memory_gb=float(instance.memory_gb),
+        users=sorted(members),
+    )
+
+
+def notebook_auth_url(notebook: Notebook) -> str:
+    base = settings.PORTAL_INTERNAL_URL.rstrip("/")
+    return f"{base}/internal/notebook-access/{notebook.workspace.name}/{notebook.name}/"
+
+
+def _notebook_spec(notebook: Notebook) -> NotebookSpec:
+    instance = notebook.instance
+    return NotebookSpec(
+        key=f"notebook-{notebook.pk}",
+        workspace=notebook.workspace.name,
+        name=notebook.name,
+        work_dir=instance_dir(instance),
+        base_url=notebook.url,
+        token=notebook.access_token,
+        python_packages=list(notebook.profile.python_packages),
+        image=notebook.profile.image,
+        devices=_devices(instance),
+        cpu_cores=float(instance.cpu_cores),
+        memory_gb=float(instance.memory_gb),
+        instance_state=dict(instance.backend_state.get("run", {})),
+        auth_url=notebook_auth_url(notebook),
+    )
+
+
+def _backend(cluster: Any, state: dict[str, Any]) -> Backend:
+    backend = backend_for(cluster)
+    backend.load_state(state.get("run", {}))
+    return backend
+
+
+def _claim(model: type[Instance] | type[Notebook], pk: int, states: tuple[str, ...], timeout_s: float) -> str | None:
+    """Mark the object as being started by us, unless a live claim of another worker holds it."""
+    with transaction.atomic():
+        row = model.objects.select_for_update().filter(pk=pk, state__in=states).first()
+        if row is None:
+            return None
+        if _claim_live(row.backend_state.get("starting"), timeout_s):
+            return None
+        token = secrets.token_hex(8)
+        claim = {"token": token, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+        row.backend_state = {**row.backend_state, "starting": claim}
+        row.save(update_fields=["backend_state"])
+        return token
+
+
+def _claim_live(claim: dict[str, Any] | None, timeout_s: float) -> bool:
+    """Whether another start is under way: claimed recently by a process that still lives."""
+    if not claim or time.time() - float(claim["at"]) >= timeout_s:
+        return False
+    if claim.get("host") == socket.gethostname() and claim.get("pid") != os.getpid():
+        try:
+            os.kill(int(claim["pid"]), 0)
+        except ProcessLookupError:
+            return False  # the worker that claimed it died
+        except PermissionError:
+            pass
+    return True
+
+
+def _holds(row: Instance | Notebook, token: str) -> bool:
+    return (row.backend_state.get("starting") or {}).get("token") == token
+
+
+def _without(state: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in keys}
+
+
+def _stop_quietly(backend: Backend, what: str) -> None:
+    try:
+        backend.stop(STOP_GRACE_S)
+    except BackendError:
+        logger.warning("stopping %s left something running; reconcile will retry", what, exc_info=True)
+
+
+# -- instances ------------------------------------------------------------------------------------
+
+
+def converge_instance(instance_id: int) -> Instance | None:
+    """Do what the instance's state asks of its backend (see the module's docstring)."""
+    instance = Instance.objects.select_related("workspace", "cluster", "profile").filter(pk=instance_id).first()
+    if instance is None:
+        return None
+    if instance.state == Instance.State.PROVISIONING:
+        return _start_instance(instance_id)
+    if instance.state == Instance.State.DELETING:
+        return _teardown_instance(instance_id)
+    if instance.state == Instance.State.RUNNING:
+        return _check_instance(instance_id)
+    return instance
+
+
+def _start_instance(instance_id: int, *, states: tuple[str, ...] = (Instance.State.PROVISIONING,)) -> Instance | None:
+    token = _claim(Instance, instance_id, states, INSTANCE_START_TIMEOUT_S)
+    if token is None:
+        return Instance.objects.filter(pk=instance_id).first()
+    instance = Instance.objects.select_related("workspace", "cluster", "profile").get(pk=instance_id)
+    backend = backend_for(instance.cluster)
+    try:
+        endpoint = backend.start(_instance_spec(instance))
+    except (PolicyRefusal, BackendError) as exc:
+        if isinstance(exc, BackendError) and not exc.permanent:
+            _release_claim(Instance, instance_id, token)
+            raise
+        _stop_quietly(backend, f"instance {instance_id}")
+        return _fail_instance(instance_id, token, str(exc))
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=instance_id)
+        if not _holds(instance, token) or instance.state not in states:
+            _stop_quietly(backend, f"instance {instance_id}")  # deleted, or taken over, meanwhile
+            return instance
+        restarted = instance.state == Instance.State.RUNNING
+        instance.state = Instance.State.RUNNING
+        instance.started_at = instance.started_at or timezone.now()
+        instance.backend_state = {**_without(instance.backend_state, "starting"), "run": backend.get_state()}
+        instance.save()
+        do_log_event(
+            "instance.restart" if restarted else "instance.start",
+            instance,
+            workspace=instance.workspace,
+            data={"endpoint": f"{endpoint.host}:{endpoint.port}", "devices": _devices(instance)},
+        )
+        notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
+        for notebook_id in instance.notebooks.filter(state=Notebook.State.PENDING).values_list("pk", flat=True):
+            request_compute_sync("notebook", notebook_id)
+    return instance
+
+
+def _release_claim(model: type[Instance] | type[Notebook], pk: int, token: str) -> None:
+    with transaction.atomic():
+        row = model.objects.select_for_update().filter(pk=pk).first()
+        if row is not None and _holds(row, token):
+            row.backend_state = _without(row.backend_state, "starting")
+            row.save(update_fields=["backend_state"])
+
+
+def _fail_instance(instance_id: int, token: str | None, reason: str) -> Instance:
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=instance_id)
+        if token is not None and not _holds(instance, token):
+            return instance
+        for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
+            _end_notebook(notebook, Notebook.State.FAILED, f"its instance failed: {reason}")
+        Allocation.objects.filter(instance=instance).delete()
+        instance.state = Instance.State.FAILED
+        instance.failure_reason = reason[:2000]
+        instance.finished_at = timezone.now()
+        instance.backend_state = _without(instance.backend_state, "starting")
+        instance.save()
+        do_log_event("instance.fail", instance, workspace=instance.workspace, data={"reason": reason})
+        notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state, "reason": reason})
+        request_cycle()
+    return instance
+
+
+def _check_instance(instance_id: int) -> Instance | None:
+    """A running instance whose process group died (a crash, the embedded portal stopped) is
+    started again in place, keeping its GPUs; after ``PORTAL_RESTART_LIMIT`` tries in a row it fails."""
+    instance = Instance.objects.select_related("workspace", "cluster", "profile").get(pk=instance_id)
+    if not instance.backend_state.get("run"):
+        return _start_instance(instance_id, states=(Instance.State.RUNNING,))
+    if _backend(instance.cluster, instance.backend_state).poll().running:
+        return instance
+    restarts = int(instance.backend_state.get("restarts", 0))
+    if restarts >= settings.PORTAL_RESTART_LIMIT:
+        return _fail_instance(instance_id, None, f"its processes ended {restarts + 1} times in a row")
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance_id).update(
+            backend_state={**_without(instance.backend_state, "run"), "restarts": restarts + 1}
+        )
+    return _start_instance(instance_id, states=(Instance.State.RUNNING,))
+
+
+def _teardown_instance(instance_id: int) -> Instance:
+    """Stop the instance's notebooks and processes, then release its GPUs."""
+    for notebook_id in Notebook.objects.filter(instance_id=instance_id, state__in=Notebook.LIVE_STATES).values_list(
+        "pk", flat=True
+    ):
+        _teardown_notebook(notebook_id)
+    with transaction.atomic():
+        instance = (
+            Instance.objects.select_for_update(of=("self",)).select_related("workspace", "cluster").get(pk=instance_id)
+        )
+        if instance.state != Instance.State.DELETING:
+            return instance
+        if instance.backend_state.get("run"):
+            backend = _backend(instance.cluster, instance.backend_state)
+            backend.stop(STOP_GRACE_S)  # raises if something survived: reconcile tries again
+            backend.clear_state()
+        Allocation.objects.filter(instance=instance).delete()
+        instance.state = Instance.State.DELETED
+        instance.finished_at = timezone.now()
+        instance.backend_state = _without(instance.backend_state, "run", "starting")
+        instance.save()
+        do_log_event("instance.deleted", instance, workspace=instance.workspace)
+        notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
+        request_cycle()
+    return instance
+
+
+# -- notebooks ------------------------------------------------------------------------------------
+
+
+def converge_notebook(notebook_id: int) -> Notebook | None:
+    """Do what the notebook's state asks of its backend (see the module's docstring)."""
+    notebook = Notebook.objects.select_related("instance").filter(pk=notebook_id).first()
+    if notebook is None:
+        return None
+    if notebook.state in (Notebook.State.PENDING, Notebook.State.STARTING):
+        if notebook.instance.state == Instance.State.RUNNING:
+            return _start_notebook(notebook_id)
+        return notebook
+    if notebook.state == Notebook.State.STOPPING:
+        return _teardown_notebook(notebook_id)
+    if notebook.state == Notebook.State.READY:
+        return _check_notebook(notebook_id)
+    return notebook
+
+
+def _start_notebook(notebook_id: int) -> Notebook | None:
+    states = (Notebook.State.PENDING, Notebook.State.STARTING, Notebook.State.READY)
+    token = _claim(Notebook, notebook_id, states, float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600)
+    if token is None:
+        return Notebook.objects.filter(pk=notebook_id).first()
+    with transaction.atomic():
+        notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
+        if notebook.state != Notebook.State.STARTING:
+            notebook.state = Notebook.State.STARTING
+            notebook.save(update_fields=["state"])
+            notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+    notebook = Notebook.objects.select_related("workspace", "profile", "instance__workspace", "instance__cluster").get(
+        pk=notebook_id
+    )
+    backend = backend_for(notebook.instance.cluster)
+    try:
+        endpoint = backend.start(_notebook_spec(notebook))
+        target = endpoint.url or f"http://{endpoint.host}:{endpoint.port}"
+        if not proxy.configured():
+            raise BackendError("no notebook proxy is configured (PORTAL_PROXY_API_URL)", permanent=True)
+        proxy.add_route(notebook.url, target, notebook.pk)
+    except (PolicyRefusal, BackendError, proxy.ProxyError) as exc:
+        _stop_quietly(backend, f"notebook {notebook_id}")
+        if isinstance(exc, BackendError | proxy.ProxyError) and not getattr(exc, "permanent", False):
+            _release_claim(Notebook, notebook_id, token)
+            raise
+        return _fail_notebook(notebook_id, token, str(exc))
+    with transaction.atomic():
+        notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
+        if not _holds(notebook, token) or notebook.state != Notebook.State.STARTING:
+            _stop_quietly(backend, f"notebook {notebook_id}")  # deleted, or taken over, meanwhile
+            if notebook.state != Notebook.State.READY:
+                _remove_route(notebook)
+            return notebook
+        notebook.state = Notebook.State.READY
+        notebook.started_at = notebook.started_at or timezone.now()
+        notebook.failure_reason = ""
+        notebook.backend_state = {
+            **_without(notebook.backend_state, "starting"),
+            "run": backend.get_state(),
+            "target": target,
+        }
+        notebook.save()
+        do_log_event("notebook.ready", notebook, workspace=notebook.workspace, data={"target": target})
+        notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state, "url": notebook.url})
+    return notebook
+
+
+def _remove_route(notebook: Notebook) -> None:
+    try:
+        proxy.remove_route(notebook.url)
+    except proxy.ProxyError:
+        logger.warning("could not remove the route of notebook %s; reconcile will", notebook.pk, exc_info=True)
+
+
+def _fail_notebook(notebook_id: int, token: str | None, reason: str) -> Notebook:
+    with transaction.atomic():
+        notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
+        if token is not None and not _holds(notebook, token):
+            return notebook
+        _end_notebook(notebook, Notebook.State.FAILED, reason)
+    return notebook
+
+
+def _end_notebook(notebook: Notebook, state: str, reason: str = "") -> None:
+    """Record a notebook's end (its processes already stopped, or never started)."""
+    notebook.state = state
+    notebook.failure_reason = reason[:2000]
+    notebook.stopped_at = timezone.now()
+    notebook.backend_state = _without(notebook.backend_state, "run", "starting", "target")
+    notebook.save()
+    event = "notebook.fail" if state == Notebook.State.FAILED else "notebook.stopped"
+    do_log_event(event, notebook, workspace=notebook.workspace, data={"reason": reason} if reason else None)
+    notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+
+
+def _check_notebook(notebook_id: int) -> Notebook | None:
+    """A ready notebook whose server died is started again (its route pointed at nothing);
+    one whose route went missing (the proxy restarted) gets it back."""
+    notebook = Notebook.objects.select_related("instance__cluster").get(pk=notebook_id)
+    if notebook.backend_state.get("run") and _backend(notebook.instance.cluster, notebook.backend_state).poll().running:
+        return notebook
+    restarts = int(notebook.backend_state.get("restarts", 0))
+    if restarts >= settings.PORTAL_RESTART_LIMIT:
+        _remove_route(notebook)
+        return _fail_notebook(notebook_id, None, f"its server ended {restarts + 1} times in a row")
+    with transaction.atomic():
+        Notebook.objects.filter(pk=notebook_id).update(
+            state=Notebook.State.STARTING,
+            backend_state={**_without(notebook.backend_state, "run"), "restarts": restarts + 1},
+        )
+    return _start_notebook(notebook_id)
+
+
+def _teardown_notebook(notebook_id: int) -> Notebook:
+    with transaction.atomic():
+        notebook = (
+            Notebook.objects.select_for_update(of=("self",))
+            .select_related("workspace", "instance__cluster")
+            .get(pk=notebook_id)
+        )
+        if notebook.state in (Notebook.State.STOPPED, Notebook.State.FAILED):
+            return notebook
+        _remove_route(notebook)
+        if notebook.backend_state.get("run"):
+            backend = _backend(notebook.instance.cluster, notebook.backend_state)
+            backend.stop(STOP_GRACE_S)  # raises if something survived: reconcile tries again
+            backend.clear_state()
+        _end_notebook(notebook, Notebook.State.STOPPED)
+    return notebook
+
+
+# -- triggers and reconcile -----------------------------------------------------------------------
+
+
+def request_compute_sync(kind: str, pk: int) -> None:
+    """Once committed, have the worker converge an instance or notebook (see PORTAL_WORKLOAD_TRIGGER)."""
+    from apps.scheduling.trigger import request_workload
+
+    request_workload(kind, pk)
+
+
+def reconcile_compute() -> dict[str, int]:
+    """Converge every live instance and notebook, drop stale proxy routes, stop orphaned
+    processes. One object that fails is logged and retried next time."""
+    counts = {"instances": 0, "notebooks": 0, "failed": 0, "routes_removed": 0, "orphans_stopped": 0}
+    lost = timezone.now() - timedelta(seconds=settings.PORTAL_START_LOST_AFTER_S)
+    instances = Instance.objects.filter(
+        Q(state__in=[Instance.State.RUNNING, Instance.State.DELETING])
+        | Q(state=Instance.State.PROVISIONING, admitted_at__lt=lost)
+    ).values_list("pk", flat=True)
+    notebooks = Notebook.objects.filter(
+        Q(state__in=[Notebook.State.READY, Notebook.State.STOPPING])
+        | Q(state__in=[Notebook.State.PENDING, Notebook.State.STARTING], instance__state=Instance.State.RUNNING)
+    ).values_list("pk", flat=True)
+    for converge, name, ids in (
+        (converge_instance, "instances", list(instances)),
+        (converge_notebook, "notebooks", list(notebooks)),
+    ):
+        for pk in ids:
+            try:
+                _converge_or_dispatch(converge, name[:-1], pk)
+                counts[name] += 1
+            except Exception:  # per object: one broken workload must not wedge the loop
+                counts["failed"] += 1
+                logger.exception("reconcile of %s %s failed; retrying next cycle", name[:-1], pk)
+    try:
+        counts["routes_removed"] = _remove_stale_routes()
+    except proxy.ProxyError:
+        logger.warning("could not read the notebook proxy's routes", exc_info=True)
+    counts["orphans_stopped"] = sweep_local_orphans()
+    return counts
+
+
+def _converge_or_dispatch(converge: Any, kind: str, pk: int) -> None:
+    """Starts can be slow (a notebook environment's first build): with a worker, they go to it,
+    unless a start is already under way; checks and teardowns are quick and done here."""
+    model = Instance if kind == "instance" else Notebook
+    row = model.objects.filter(pk=pk).values("state", "backend_state").first()
+    if row is None:
+        return
+    starting = row["state"] in (Instance.State.PROVISIONING, Notebook.State.PENDING, Notebook.State.STARTING)
+    if starting and settings.PORTAL_WORKLOAD_TRIGGER == "task":
+        if not _claim_live(row["backend_state"].get("starting"), float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S)):
+            request_compute_sync(kind, pk)
+        return
+    converge(pk)
+
+
+def _remove_stale_routes() -> int:
+    if not proxy.configured():
+        return 0
+    ready = set(Notebook.objects.filter(state=Notebook.State.READY).values_list("url", "pk"))
+    removed = 0
+    for prefix, route in proxy.routes().items():
+        if "portal_notebook" not in route:
+            continue  # not one of ours
+        if (prefix.rstrip("/") + "/", route["portal_notebook"]) not in ready:
+            proxy.remove_route(prefix)
+            removed += 1
+    return removed
+
+
+def sweep_local_orphans() -> int:
+    """Stop processes of this portal's local backend that belong to no live workload: what a
+    worker killed between starting them and recording them left behind."""
+    from apps.jobs.models import Job
+    from workers.backends.local import sweep_orphans
+
+    live: set[str] = set()
+    for model, prefix, states in (
+        (Job, "job", Job.ACTIVE_STATES),
+        (Instance, "instance", Instance.LIVE_STATES),
+        (Notebook, "notebook", Notebook.LIVE_STATES),
+    ):
+        live.update(f"{prefix}-{pk}" for pk in model.objects.filter(state__in=states).values_list("pk", flat=True))
+    return len(sweep_orphans(str(settings.PORTAL_WORK_DIR), keep=live))
