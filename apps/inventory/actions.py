@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import re
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.db.models.deletion import ProtectedError
 from django.utils import timezone
+from rest_framework import status
 
 from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
-from apps.inventory.discovery import GPUInfo, local_gpus
+from apps.inventory.discovery import GPUInfo, NodeFacts, gpus_by_node, local_gpus, slurm_nodes
 from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
+from apps.names import validate_dns_label
 from apps.scheduling.trigger import request_cycle
+from workers.backends.base import BackendError
+from workers.backends.registry import backend_for
+from workers.backends.slurm import SlurmBackend
 
 LOCAL_CLUSTER = "local"
 
@@ -107,3 +115,150 @@ def do_delete_cluster(cluster: Cluster, *, acting_user: Any, origin: Origin = SY
                 cluster.delete()
         except ProtectedError:
             raise Conflict(f"Workloads still refer to cluster {cluster.name}; disable it instead.") from None
+
+
+# --- Clusters with their own scheduler: Slurm ----------------------------------------------------
+
+
+class ClusterUnavailable(ActionError):
+    """The cluster did not answer, or answered with an error, when asked what it has."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    code = "cluster_unavailable"
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What a cluster reported: its nodes (all of the pool's, GPUs or not) and their GPUs by node."""
+
+    pool: str
+    nodes: list[NodeFacts]
+    gpus: dict[str, list[GPUInfo]]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(gpus) for gpus in self.gpus.values())
+
+
+def _pool_name(partition: str) -> str:
+    """The node pool of a Slurm partition, named after it (as a DNS label)."""
+    return re.sub(r"[^a-z0-9-]+", "-", partition.lower()).strip("-")[:63].strip("-") or "default"
+
+
+def discover_cluster(cluster: Cluster) -> Discovered:
+    """Ask a cluster's backend for its nodes and GPUs: for Slurm, the nodes of the partition named in
+    ``cluster.connection`` (``scontrol show node``). Writes nothing, so it is called outside any
+    transaction. ``ClusterUnavailable`` when the cluster does not answer."""
+    try:
+        backend = backend_for(cluster)
+    except BackendError:
+        backend = None
+    if not isinstance(backend, SlurmBackend):
+        raise ActionError(f"Discovery of {cluster.kind} clusters comes with their backend.", field="kind")
+    try:
+        gpus = gpus_by_node(backend.discover())
+        every = slurm_nodes(backend.scontrol_path, backend.command_timeout_s)
+    except BackendError as exc:
+        raise ClusterUnavailable(f"Could not reach Slurm cluster {cluster.name}: {exc.message}") from None
+    nodes = [node for node in every if backend.partition in node.partitions]
+    if not nodes:
+        known = ", ".join(sorted({p for node in every for p in node.partitions})) or "none"
+        raise ActionError(
+            f"Slurm has no nodes in partition {backend.partition} (its partitions: {known}).", field="connection"
+        )
+    return Discovered(_pool_name(backend.partition), nodes, gpus)
+
+
+def _apply_discovery(cluster: Cluster, found: Discovered) -> None:
+    """Make the cluster's nodes and GPUs what `found` says. A node or GPU that vanished is removed
+    unless a workload holds one of its GPUs: that node is then marked down, for reconcile to resolve."""
+    pool, _ = NodePool.objects.get_or_create(cluster=cluster, name=found.pool)
+    gone = {node.name: node for node in Node.objects.filter(pool__cluster=cluster)}
+    for facts in found.nodes:
+        node = gone.pop(facts.name, None) or Node(name=facts.name)
+        node.pool = pool
+        node.cpu_cores, node.memory_gb, node.state = facts.cpu_cores, facts.memory_gb, facts.state
+        node.save()
+        gpus = found.gpus.get(facts.name, [])
+        for info in gpus:
+            GPU.objects.update_or_create(
+                node=node,
+                index=info.index,
+                defaults={"uuid": info.uuid, "gpu_type": info.gpu_type, "model": info.model,
+                          "memory_mb": info.memory_mb, "architecture": info.architecture, "declared": False},
+            )  # fmt: skip
+        node.gpus.exclude(index__in=[g.index for g in gpus]).filter(allocations__isnull=True).delete()
+    for node in gone.values():
+        node.gpus.filter(allocations__isnull=True).delete()
+        if node.gpus.exists():
+            node.state = Node.State.DOWN
+            node.save(update_fields=["state", "updated_at"])
+        else:
+            node.delete()
+    NodePool.objects.filter(cluster=cluster, nodes__isnull=True).exclude(pk=pool.pk).delete()
+
+
+def _record_discovery(
+    cluster: Cluster, found: Discovered, *, created: bool, acting_user: Any, origin: Origin
+) -> Cluster:
+    _apply_discovery(cluster, found)
+    cluster.discovered_at = timezone.now()
+    cluster.save(update_fields=["discovered_at"])
+    do_log_event(
+        "cluster.discover",
+        cluster,
+        acting_user=acting_user,
+        origin=origin,
+        data={"nodes": len(found.nodes), "gpus": found.gpu_count, "created": created},
+    )
+    request_cycle()
+    return cluster
+
+
+def do_discover_cluster(cluster: Cluster, *, acting_user: Any = None, origin: Origin = SYSTEM) -> Cluster:
+    """Refresh a registered cluster's nodes and GPUs from what it reports (local: NVML or the
+    declared inventory; Slurm: its partition's nodes). ``ClusterUnavailable`` if it does not answer."""
+    if cluster.kind == Cluster.Kind.LOCAL:
+        return do_sync_local_cluster(acting_user=acting_user, origin=origin)
+    found = discover_cluster(cluster)
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        return _record_discovery(cluster, found, created=False, acting_user=acting_user, origin=origin)
+
+
+def do_register_cluster(
+    name: str,
+    *,
+    kind: str,
+    connection: dict[str, Any],
+    acting_user: Any = None,
+    origin: Origin = SYSTEM,
+) -> Cluster:
+    """Register a cluster with its own scheduler (Slurm) and the nodes and GPUs it reports, or
+    refresh one registered before (its connection settings are updated with `connection`).
+
+    The cluster is asked first: if it does not answer (``ClusterUnavailable``) nothing is written.
+    A Slurm cluster's partition is ``gpu`` unless `connection` names one. A new cluster becomes the
+    default only where there is none.
+    """
+    try:
+        validate_dns_label(name)
+    except ValidationError as exc:
+        raise ActionError(f"{name!r}: {exc.messages[0]}", field="name") from None
+    existing = Cluster.objects.filter(name=name).first()
+    if existing is not None and existing.kind != kind:
+        raise ActionError(f"Cluster {name} is a {existing.kind} cluster, not {kind}.", field="kind")
+    merged = {**(existing.connection if existing else {}), **connection}
+    if kind == Cluster.Kind.SLURM:
+        merged.setdefault("partition", "gpu")
+    found = discover_cluster(Cluster(name=name, kind=kind, connection=merged))
+    with transaction.atomic():
+        if existing is None:
+            fields = {"name": name, "kind": kind, "connection": merged,
+                      "is_default": not Cluster.objects.filter(is_default=True).exists()}  # fmt: skip
+            cluster = do_save_cluster(Cluster(), fields, acting_user=acting_user, origin=origin)
+        else:
+            cluster = Cluster.objects.select_for_update().get(pk=existing.pk)
+            if cluster.connection != merged:
+                cluster = do_save_cluster(cluster, {"connection": merged}, acting_user=acting_user, origin=origin)
+        return _record_discovery(cluster, found, created=existing is None, acting_user=acting_user, origin=origin)

@@ -71,11 +71,10 @@ class ClusterViewSet(PortalViewSet):
     @extend_schema(request=None, responses=ClusterSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
     def discover(self, request: Request, name: str | None = None) -> Response:
-        """Refresh the cluster's nodes and GPUs from the hardware (local: NVML or the declared inventory)."""
+        """Refresh the cluster's nodes and GPUs from what it reports (local: NVML or the declared
+        inventory; Slurm: the nodes of its partition, from `scontrol`). 503 if the cluster does not answer."""
         cluster = self.get_object()
-        if cluster.kind != Cluster.Kind.LOCAL:
-            raise ValidationError({"kind": f"Discovery of {cluster.kind} clusters comes with their backend."})
-        actions.do_sync_local_cluster(**self.action_kwargs())
+        actions.do_discover_cluster(cluster, **self.action_kwargs())
         return Response(self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data)
 
 

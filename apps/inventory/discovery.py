@@ -6,6 +6,9 @@ import logging
 import re
 from dataclasses import dataclass
 
+from workers.backends.base import GpuInfo
+from workers.backends.slurm import run_command
+
 logger = logging.getLogger(__name__)
 
 # Declared GPU types the portal knows by name: model, memory (MiB), architecture.
@@ -103,3 +106,79 @@ def local_gpus(declared_spec: str) -> list[GPUInfo]:
     if found:
         return found
     return parse_declared(declared_spec)
+
+
+# --- Clusters with their own scheduler (Slurm) ------------------------------------------------
+
+# Slurm node states (``scontrol show node``'s State=, e.g. ``IDLE+DRAIN``, ``DOWN*``) that keep work off a node.
+_SLURM_DOWN = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "FUTURE",
+                         "UNKNOWN"})  # fmt: skip
+_SLURM_DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAILING", "MAINTENANCE", "REBOOT_REQUESTED",
+                            "REBOOT_ISSUED"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node as its cluster describes it: CPUs, memory (whole GiB, rounded down), state, partitions."""
+
+    name: str
+    cpu_cores: int
+    memory_gb: int
+    state: str  # "ready", "drained" or "down", as Node.State
+    partitions: tuple[str, ...] = ()
+
+
+def slurm_node_state(state: str) -> str:
+    """'IDLE' -> ready; 'MIXED+DRAIN' -> drained; 'DOWN*', 'IDLE*' (not responding) -> down."""
+    flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
+    if flags & _SLURM_DOWN:
+        return "down"
+    if flags & _SLURM_DRAINED:
+        return "drained"
+    return "ready"
+
+
+def parse_slurm_nodes(out: str) -> list[NodeFacts]:
+    """Every node of ``scontrol show node -o`` (one line per node)."""
+    nodes = []
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        name = fields.get("NodeName")
+        if not name:
+            continue
+        cpus = fields.get("CPUTot", "0")
+        memory_mb = fields.get("RealMemory", "0")
+        partitions = fields.get("Partitions", "")
+        nodes.append(
+            NodeFacts(
+                name=name,
+                cpu_cores=int(cpus) if cpus.isdigit() else 0,
+                memory_gb=int(memory_mb) // 1024 if memory_mb.isdigit() else 0,
+                state=slurm_node_state(fields.get("State", "UNKNOWN")),
+                partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
+            )
+        )
+    return nodes
+
+
+def gpus_by_node(found: list[GpuInfo]) -> dict[str, list[GPUInfo]]:
+    """A backend's ``discover()`` (index ``node:i``, name = GPU type) as inventory GPUs, by node.
+
+    Model and memory come from the type where the portal knows it (Slurm names only the type).
+    """
+    nodes: dict[str, list[GPUInfo]] = {}
+    for info in found:
+        node, _, index = info.index.rpartition(":")
+        if not node or not index.isdigit():
+            raise ValueError(f"GPU index {info.index!r}: expected NODE:INDEX")
+        gpu_type = gpu_type_from_model(info.name)
+        model, memory_mb, architecture = KNOWN_TYPES.get(gpu_type, (info.name, 0, ""))
+        nodes.setdefault(node, []).append(
+            GPUInfo(int(index), gpu_type, model, info.memory_mb or memory_mb, architecture, info.uuid)
+        )
+    return nodes
+
+
+def slurm_nodes(scontrol_path: str = "scontrol", timeout_s: float = 20.0) -> list[NodeFacts]:
+    """Every node Slurm knows, from ``scontrol show node -o``; ``BackendError`` where Slurm does not answer."""
+    return parse_slurm_nodes(run_command([scontrol_path, "show", "node", "-o"], timeout_s))

@@ -7,13 +7,14 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
-from apps.api.errors import ActionError, Conflict
+from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.audit.actions import SYSTEM, Origin, do_log_event
-from apps.inventory.models import Allocation
+from apps.inventory.models import Allocation, Cluster, Node
 from apps.jobs.models import Job
-from apps.scheduling.limits import check_request_size
+from apps.scheduling.limits import check_request_size, gpus_per_node, replica_slots
 from apps.scheduling.trigger import request_cycle, request_job_sync
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
@@ -39,10 +40,12 @@ def check_submit_job(
     max_runtime_s: int | None = None,
     artifact_paths: list[str] | None = None,
     description: str = "",
+    requested_cluster: Cluster | None = None,
 ) -> Job:
     """Validate a job against the workspace's policies and hard limits, and queue it.
 
-    The job waits in QUEUED until the scheduler admits the whole gang under the GPU quota.
+    The job waits in QUEUED until the scheduler admits the whole gang under the GPU quota, on
+    `requested_cluster` (an enabled cluster whose nodes could hold it) or, without one, on any.
     """
     if not command and not image:
         raise ActionError("Give the job a command, an image, or both.", field="command")
@@ -64,6 +67,15 @@ def check_submit_job(
             cpu_cores=cpu_cores,
             memory_gb=memory_gb,
         )
+        if requested_cluster is not None:
+            check_cluster_fits(
+                requested_cluster,
+                gpu_type=gpu_type,
+                gpus_per_replica=gpus_per_replica,
+                replicas=replicas,
+                cpu_cores=cpu_cores,
+                memory_gb=memory_gb,
+            )
         job = Job.objects.create(
             workspace=workspace,
             name=name,
@@ -81,6 +93,7 @@ def check_submit_job(
             checkpointable=checkpointable,
             max_runtime_s=max_runtime_s,
             artifact_paths=artifact_paths or [],
+            requested_cluster=requested_cluster,
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(
@@ -89,11 +102,63 @@ def check_submit_job(
             acting_user=acting_user,
             origin=origin,
             workspace=workspace,
-            data={"gpus": f"{replicas} x {gpus_per_replica} {gpu_type}".strip()},
+            data={
+                "gpus": f"{replicas} x {gpus_per_replica} {gpu_type}".strip(),
+                **({"cluster": requested_cluster.name} if requested_cluster is not None else {}),
+            },
         )
         notify(workspace.pk, "job", {"id": job.pk, "state": job.state})
         request_cycle()
     return job
+
+
+def check_cluster_fits(
+    cluster: Cluster, *, gpu_type: str, gpus_per_replica: Decimal, replicas: int, cpu_cores: int, memory_gb: int
+) -> None:
+    """Refuse a request for a cluster that is disabled, or whose nodes could never hold it: a replica
+    larger than its largest node (GPUs; CPU cores and memory where the cluster reported them), a gang
+    larger than all its nodes together, or on Slurm more replicas than nodes (one replica per node)."""
+    if not Cluster.objects.filter(pk=cluster.pk, enabled=True).exists():
+        raise ActionError(f"Cluster {cluster.name} is disabled.", field="cluster")
+    nodes = Node.objects.filter(pool__cluster=cluster)
+    for field, asked, unit in (("cpu_cores", cpu_cores, "CPU cores"), ("memory_gb", memory_gb, "GB of memory")):
+        largest = max(nodes.filter(**{f"{field}__gt": 0}).values_list(field, flat=True), default=None)
+        if largest is not None and asked > largest:
+            raise LimitExceeded(
+                f"One replica asks for {asked} {unit}, but the largest node of cluster {cluster.name} has {largest}.",
+                field=field,
+            )
+    if gpus_per_replica:
+        _check_gpu_room(cluster, gpu_type=gpu_type, gpus_per_replica=gpus_per_replica, replicas=replicas)
+    if cluster.kind == Cluster.Kind.SLURM:  # sbatch -N REPLICAS --ntasks-per-node=1
+        if gpus_per_replica:
+            nodes = nodes.filter(gpus__gpu_type=gpu_type).annotate(n=Count("gpus")).filter(n__gte=gpus_per_replica)
+        able = nodes.count()
+        if replicas > able:
+            raise LimitExceeded(
+                f"On cluster {cluster.name} each replica takes a node of its own, and {able} of its nodes could "
+                f"hold one; ask for at most {able} replicas.",
+                field="replicas",
+            )
+
+
+def _check_gpu_room(cluster: Cluster, *, gpu_type: str, gpus_per_replica: Decimal, replicas: int) -> None:
+    sizes = gpus_per_node(gpu_type).get(cluster.pk, [])
+    if not sizes:
+        raise LimitExceeded(f"Cluster {cluster.name} has no {gpu_type} GPUs.", field="gpu_type")
+    asked = f"{gpus_per_replica.normalize():f} {gpu_type} GPUs"
+    if gpus_per_replica > max(sizes):
+        raise LimitExceeded(
+            f"One replica asks for {asked}, but the largest node of cluster {cluster.name} has {max(sizes)}.",
+            field="gpus_per_replica",
+        )
+    room = replica_slots(sizes, gpus_per_replica)
+    if replicas > room:
+        raise LimitExceeded(
+            f"This gang asks for {replicas} replicas of {asked} at once, but cluster {cluster.name} can hold "
+            f"at most {room} of them.",
+            field="replicas",
+        )
 
 
 def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job:

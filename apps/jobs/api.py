@@ -15,9 +15,11 @@ from rest_framework.response import Response
 from apps.api.fields import EnvField, NameField, RelativePathListField, WorkspaceField
 from apps.api.views import TenantViewSet
 from apps.compute.api import WorkloadStatusMixin
+from apps.inventory.models import Cluster
 from apps.jobs import actions
 from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.jobs.running import artifact_file, job_logs
+from apps.names import DNS_LABEL_RE
 
 
 class JobAttemptSerializer(serializers.ModelSerializer):
@@ -41,6 +43,35 @@ class ArtifactQuerySerializer(serializers.Serializer):
     path = serializers.CharField(max_length=1000)
 
 
+class TargetClusterField(serializers.SlugRelatedField):
+    """An enabled cluster, by name, that a new job must run on.
+
+    Read back, it is where the job runs (or ran) once admitted, and where it was asked to run while it waits.
+    """
+
+    default_error_messages = {
+        "does_not_exist": "No cluster is named {value}.",
+        "disabled": "Cluster {value} is disabled.",
+        "invalid": "Give a cluster's name.",
+    }
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(slug_field="name", queryset=Cluster.objects.all(), source="requested_cluster", **kwargs)
+
+    def to_internal_value(self, data: Any) -> Cluster:
+        if not isinstance(data, str) or not DNS_LABEL_RE.fullmatch(data):
+            self.fail("invalid")
+        cluster = Cluster.objects.filter(name=data).first()
+        if cluster is None:
+            self.fail("does_not_exist", value=data)
+        if not cluster.enabled:
+            self.fail("disabled", value=data)
+        return cluster
+
+    def get_attribute(self, instance: Job) -> Cluster | None:
+        return instance.cluster if instance.cluster_id else instance.requested_cluster
+
+
 class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
@@ -50,6 +81,8 @@ class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     gpus_per_replica = serializers.DecimalField(
         max_digits=6, decimal_places=2, min_value=Decimal("0"), max_value=Decimal("1024"), required=False
     )
+    cluster = TargetClusterField(required=False, allow_null=True)
+    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     attempt_history = JobAttemptSerializer(source="attempt_set", many=True, read_only=True)
     artifacts = ArtifactSerializer(many=True, read_only=True)
 
@@ -59,8 +92,8 @@ class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
             "id", "workspace", "name", "description", "command", "image", "env", "gpu_type", "gpus_per_replica",
             "replicas", "cpu_cores", "memory_gb", "priority", "preemptible", "checkpointable", "max_runtime_s",
             "artifact_paths", "state", "failure_reason", "exit_code", "attempts", "progress", "wait_reason",
-            "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster", "created_by",
-            "created_at", "admitted_at", "started_at", "finished_at", "attempt_history", "artifacts",
+            "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster",
+            "created_by", "created_at", "admitted_at", "started_at", "finished_at", "attempt_history", "artifacts",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "exit_code", "attempts", "progress", "admitted_at",
                             "started_at", "finished_at"]  # fmt: skip
@@ -80,7 +113,7 @@ class JobViewSet(TenantViewSet):
     ordering_fields = ["created_at", "priority", "state", "cluster_queue_position"]
 
     def base_queryset(self) -> Any:
-        return Job.objects.select_related("workspace", "cluster", "created_by").prefetch_related(
+        return Job.objects.select_related("workspace", "cluster", "requested_cluster", "created_by").prefetch_related(
             Prefetch("attempt_set", queryset=JobAttempt.objects.order_by("number")), "artifacts"
         )
 
