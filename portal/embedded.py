@@ -1,8 +1,11 @@
-"""The embedded portal: web (ASGI), a Celery worker and the scheduler loop, from one command.
+"""The embedded portal: web (ASGI), a Celery worker, the scheduler loop and the notebook proxy,
+from one command.
 
-Run by deploy/run.sh after it has set up the virtualenv. It migrates, seeds the demo, starts
-the three processes, prints the URL and the logins, and on Ctrl-C (or SIGTERM) stops them all,
-leaving no stray processes.
+Run by deploy/run.sh after it has set up the virtualenv and the Node packages. It migrates,
+seeds the demo, starts the four processes, prints the URL and the logins, and on Ctrl-C (or
+SIGTERM) stops them all, leaving no stray processes. The proxy (configurable-http-proxy) listens
+on the public port and sends everything to the web process, except each notebook's
+/notebooks/<workspace>/<notebook>/, which it sends to that notebook's server.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,10 +29,12 @@ def _manage(*args: str) -> None:
     subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], check=True, cwd=BASE_DIR)
 
 
-def _start(name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
+def _start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child's lifetime
     # Each child leads its own process group, so stopping it also stops whatever it forked.
-    return subprocess.Popen(argv, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _stop(children: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
@@ -42,6 +49,12 @@ def _stop(children: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)  # the group may outlive its leader
         child.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _wait_for_http(url: str, children: dict[str, subprocess.Popen[bytes]], timeout_s: float = 60.0) -> bool:
@@ -75,10 +88,23 @@ def main() -> int:
     _manage("seed_demo")
 
     python = sys.executable
+    web_port, proxy_api_port = _free_port(), _free_port()
+    proxy_token = secrets.token_hex(24)
+    os.environ.update(
+        PORTAL_PROXY_API_URL=f"http://127.0.0.1:{proxy_api_port}",
+        PORTAL_PROXY_AUTH_TOKEN=proxy_token,
+        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{web_port}",
+    )
+    proxy = [
+        str(BASE_DIR / "node_modules" / ".bin" / "configurable-http-proxy"),
+        *("--ip", args.host, "--port", str(args.port), "--api-ip", "127.0.0.1", "--api-port", str(proxy_api_port)),
+        *("--default-target", f"http://127.0.0.1:{web_port}", "--log-level", "warn"),
+    ]
     children = {
         "web": _start(
-            "web", [python, "-m", "daphne", "-b", args.host, "-p", str(args.port), "portal.asgi:application"], log_dir
+            "web", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "portal.asgi:application"], log_dir
         ),
+        "proxy": _start("proxy", proxy, log_dir, env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": proxy_token}),
         "worker": _start(
             "worker", [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"], log_dir
         ),
@@ -111,9 +137,9 @@ def main() -> int:
         return 0
     finally:
         _stop(children)
-        # Jobs run in their own process groups, so that a worker restart does not kill them: stop
-        # them too, and requeue them for the next start.
-        _manage("stop_local_jobs")
+        # Jobs, instances and notebooks run in their own process groups, so that a worker restart
+        # does not kill them: stop them too (jobs are requeued, the others start again next time).
+        _manage("stop_local_workloads")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ class EmbeddedPortal:
         self.port = _free_port()
         env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"}}
         env.update(PORTAL_DATA_DIR=str(data_dir), PORTAL_PORT=str(self.port))
+        # Notebook environments are shared with the other tests (built once per machine).
+        env.setdefault("PORTAL_NOTEBOOK_ENV_DIR", str(Path.home() / ".cache" / "gpuportal" / "test-envs"))
         self.process = subprocess.Popen(
             ["bash", "deploy/run.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -113,6 +115,22 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         assert _wait_for_state(job_url, headers, {"SUCCEEDED", "FAILED"}) == "SUCCEEDED"
         assert requests.get(f"{job_url}logs/", headers=headers, timeout=10).json()["text"] == "hi from 0\n"
 
+        # An instance and a notebook on it run for real; the notebook answers through the proxy
+        # in front of the portal, to its members.
+        nb_profile = {"name": "kernel-only", "image": "quay.io/jupyter/base-notebook", "published": True}
+        created = requests.post(f"{url}/api/v1/notebook-profiles/", json=nb_profile, headers=headers, timeout=10)
+        assert created.status_code == 201, created.text
+        body = {"workspace": "admin", "name": "box", "profile": "cpu-small"}
+        instance = requests.post(f"{url}/api/v1/instances/", json=body, headers=headers, timeout=10).json()
+        assert _wait_for_state(f"{url}/api/v1/instances/{instance['id']}/", headers, {"RUNNING"}) == "RUNNING"
+        body = {"workspace": "admin", "name": "lab", "instance": instance["id"], "profile": "kernel-only"}
+        notebook = requests.post(f"{url}/api/v1/notebooks/", json=body, headers=headers, timeout=10).json()
+        notebook_url = f"{url}/api/v1/notebooks/{notebook['id']}/"
+        assert _wait_for_state(notebook_url, headers, {"READY", "FAILED"}, timeout_s=180) == "READY"
+        status = f"{url}/notebooks/admin/lab/api/status"
+        assert requests.get(status, headers=headers, timeout=10).status_code == 200
+        assert requests.get(status, timeout=10).status_code == 403
+
         # A job still running when the portal stops is stopped with it (its command names the
         # data directory, so the check for stray processes below would see it).
         body = {"workspace": "admin", "name": "sleeper", "command": f"sleep 300 # {data_dir}"}
@@ -124,10 +142,17 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
     assert _processes_with(str(data_dir)) == []
 
     # Running it again is safe: same data, no new admin password for a used account is needed.
+    # The instance and the notebook stopped with the portal start again.
     again = EmbeddedPortal(data_dir)
     try:
         url = again.wait_ready()
         assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
+        notebook_url = f"{url}/api/v1/notebooks/{notebook['id']}/"
+        assert _wait_for_state(notebook_url, headers, {"READY"}, timeout_s=60) == "READY"
+        deadline = time.monotonic() + 30
+        while requests.get(f"{url}/notebooks/admin/lab/api/status", headers=headers, timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the notebook did not come back after the restart"
+            time.sleep(0.3)
     finally:
         assert again.stop() == 0
     assert _processes_with(str(data_dir)) == []

@@ -224,20 +224,18 @@ def _fail_instance(instance_id: int, token: str | None, reason: str) -> Instance
 
 
 def _check_instance(instance_id: int) -> Instance | None:
-    """A running instance whose process group died (a crash, the embedded portal stopped) is
-    started again in place, keeping its GPUs; after ``PORTAL_RESTART_LIMIT`` tries in a row it fails."""
+    """A running instance whose process group died (a crash) or was stopped with the embedded
+    portal is started again in place, keeping its GPUs; after ``PORTAL_RESTART_LIMIT`` deaths it
+    fails."""
     instance = Instance.objects.select_related("workspace", "cluster", "profile").get(pk=instance_id)
-    if not instance.backend_state.get("run"):
-        return _start_instance(instance_id, states=(Instance.State.RUNNING,))
-    if _backend(instance.cluster, instance.backend_state).poll().running:
+    state = instance.backend_state
+    if state.get("run") and _backend(instance.cluster, state).poll().running:
         return instance
-    restarts = int(instance.backend_state.get("restarts", 0))
-    if restarts >= settings.PORTAL_RESTART_LIMIT:
-        return _fail_instance(instance_id, None, f"its processes ended {restarts + 1} times in a row")
+    restarts = int(state.get("restarts", 0)) + (1 if state.get("run") else 0)
+    if restarts > settings.PORTAL_RESTART_LIMIT:
+        return _fail_instance(instance_id, None, f"its processes ended {restarts} times")
     with transaction.atomic():
-        Instance.objects.filter(pk=instance_id).update(
-            backend_state={**_without(instance.backend_state, "run"), "restarts": restarts + 1}
-        )
+        Instance.objects.filter(pk=instance_id).update(backend_state={**_without(state, "run"), "restarts": restarts})
     return _start_instance(instance_id, states=(Instance.State.RUNNING,))
 
 
@@ -364,19 +362,20 @@ def _end_notebook(notebook: Notebook, state: str, reason: str = "") -> None:
 
 
 def _check_notebook(notebook_id: int) -> Notebook | None:
-    """A ready notebook whose server died is started again (its route pointed at nothing);
-    one whose route went missing (the proxy restarted) gets it back."""
+    """A ready notebook whose server died is started again (its route pointed at nothing), as is
+    one whose server was stopped with the embedded portal; after ``PORTAL_RESTART_LIMIT`` deaths
+    it fails."""
     notebook = Notebook.objects.select_related("instance__cluster").get(pk=notebook_id)
-    if notebook.backend_state.get("run") and _backend(notebook.instance.cluster, notebook.backend_state).poll().running:
+    state = notebook.backend_state
+    if state.get("run") and _backend(notebook.instance.cluster, state).poll().running:
         return notebook
-    restarts = int(notebook.backend_state.get("restarts", 0))
-    if restarts >= settings.PORTAL_RESTART_LIMIT:
+    restarts = int(state.get("restarts", 0)) + (1 if state.get("run") else 0)
+    if restarts > settings.PORTAL_RESTART_LIMIT:
         _remove_route(notebook)
-        return _fail_notebook(notebook_id, None, f"its server ended {restarts + 1} times in a row")
+        return _fail_notebook(notebook_id, None, f"its server ended {restarts} times")
     with transaction.atomic():
         Notebook.objects.filter(pk=notebook_id).update(
-            state=Notebook.State.STARTING,
-            backend_state={**_without(notebook.backend_state, "run"), "restarts": restarts + 1},
+            state=Notebook.State.STARTING, backend_state={**_without(state, "run"), "restarts": restarts}
         )
     return _start_notebook(notebook_id)
 
@@ -484,3 +483,21 @@ def sweep_local_orphans() -> int:
     ):
         live.update(f"{prefix}-{pk}" for pk in model.objects.filter(state__in=states).values_list("pk", flat=True))
     return len(sweep_orphans(str(settings.PORTAL_WORK_DIR), keep=live))
+
+
+def stop_local_compute() -> int:
+    """Stop the processes of every instance and notebook on this machine, keeping their rows
+    running: the embedded portal's shutdown. At the next start, reconcile starts them again."""
+    stopped = 0
+    for model in (Notebook, Instance):
+        cluster = "instance__cluster" if model is Notebook else "cluster"
+        rows = model.objects.filter(**{f"{cluster}__kind": "local", "backend_state__has_key": "run"})
+        for pk in rows.values_list("pk", flat=True):
+            with transaction.atomic():
+                row = model.objects.select_for_update(of=("self",)).select_related(cluster).get(pk=pk)
+                owner = row.instance.cluster if isinstance(row, Notebook) else row.cluster
+                _stop_quietly(_backend(owner, row.backend_state), f"{model.__name__} {pk}")
+                row.backend_state = _without(row.backend_state, "run")
+                row.save(update_fields=["backend_state"])
+                stopped += 1
+    return stopped
