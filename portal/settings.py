@@ -68,6 +68,8 @@ INSTALLED_APPS = [
     "apps.compute",
     "apps.jobs",
     "apps.scheduling",
+    "apps.web",
+    "apps.console",
 ]
 
 MIDDLEWARE = [
@@ -187,7 +189,12 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(DATA_DIR / "static")))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    # The pages' third-party scripts, pinned in package.json and installed by npm (deploy/lib.sh).
+    ("vendor/htmx", BASE_DIR / "node_modules" / "htmx.org" / "dist"),
+    ("vendor/chartjs", BASE_DIR / "node_modules" / "chart.js" / "dist"),
+]
 # A page rendered before collectstatic (tests, a fresh checkout) links the unhashed file name.
 WHITENOISE_MANIFEST_STRICT = False
 STORAGES = {

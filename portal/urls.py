@@ -6,9 +6,9 @@ from apps.compute.views import NotebookAccessView
 from portal import views
 
 urlpatterns = [
-    path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("console/", include("apps.console.urls")),
     path("api/v1/", include("apps.api.urls")),
     path(
         "internal/notebook-access/<str:workspace>/<str:notebook>/",
@@ -18,4 +18,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("", include("apps.web.urls")),
 ]

@@ -1,10 +1,5 @@
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
-
-
-def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html")
+from django.http import HttpRequest, JsonResponse
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

@@ -17,8 +17,9 @@ class NameField(serializers.RegexField):
 
     def __init__(self, **kwargs: Any):
         kwargs.setdefault("max_length", 63)
+        # RegexField builds its validator from this message while it initialises.
+        kwargs["error_messages"] = {"invalid": DNS_LABEL_MESSAGE, **kwargs.get("error_messages", {})}
         super().__init__(DNS_LABEL_RE, **kwargs)
-        self.error_messages["invalid"] = DNS_LABEL_MESSAGE
 
 
 class EnvField(serializers.DictField):

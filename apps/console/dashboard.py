@@ -1,0 +1,122 @@
+"""The cluster-wide dashboard and the GPU inventory, for platform admins."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.db.models import Count, F, Prefetch, Sum
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from apps.compute.models import Instance
+from apps.inventory.models import GPU, Allocation, Cluster
+from apps.jobs.models import Job
+from apps.web.common import admin_only, is_fragment, page
+from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, quota_use
+from apps.workspaces.models import Workspace
+
+SHOWN = 50
+
+
+def cluster_use() -> list[dict[str, Any]]:
+    """Per cluster and GPU type: devices, GPUs allocated (shares add up), and the percentage."""
+    totals = (
+        GPU.objects.values("node__pool__cluster__name", "gpu_type")
+        .annotate(devices=Count("id"))
+        .order_by("node__pool__cluster__name", "gpu_type")
+    )
+    held = defaultdict(Decimal)
+    for row in Allocation.objects.values("gpu__node__pool__cluster__name", "gpu__gpu_type").annotate(
+        used=Sum("fraction")
+    ):
+        held[(row["gpu__node__pool__cluster__name"], row["gpu__gpu_type"])] = row["used"] or Decimal("0")
+    out = []
+    for row in totals:
+        key = (row["node__pool__cluster__name"], row["gpu_type"])
+        used = held.get(key, Decimal("0"))
+        out.append(
+            {
+                "cluster": key[0],
+                "gpu_type": key[1],
+                "devices": row["devices"],
+                "used": used,
+                "percent": min(100, int(used * 100 / row["devices"])) if row["devices"] else 0,
+            }
+        )
+    return out
+
+
+def type_use(per_cluster: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_type: dict[str, dict[str, Any]] = {}
+    for row in per_cluster:
+        entry = by_type.setdefault(row["gpu_type"], {"gpu_type": row["gpu_type"], "devices": 0, "used": Decimal("0")})
+        entry["devices"] += row["devices"]
+        entry["used"] += row["used"]
+    for entry in by_type.values():
+        entry["percent"] = min(100, int(entry["used"] * 100 / entry["devices"])) if entry["devices"] else 0
+    return sorted(by_type.values(), key=lambda e: e["gpu_type"])
+
+
+@admin_only
+def dashboard(request: HttpRequest) -> HttpResponse:
+    pending_jobs = Job.objects.filter(state=Job.State.QUEUED).select_related("workspace", "created_by")
+    pending_instances = Instance.objects.filter(state=Instance.State.QUEUED).select_related("workspace", "profile")
+    by_position = F("cluster_queue_position").asc(nulls_last=True)
+    queue: list[Any] = sorted(
+        [
+            *(("job", j) for j in pending_jobs.order_by(by_position)[:SHOWN]),
+            *(("instance", i) for i in pending_instances.order_by(by_position)[:SHOWN]),
+        ],
+        key=lambda kw: (kw[1].cluster_queue_position is None, kw[1].cluster_queue_position or 0, kw[1].created_at),
+    )[:SHOWN]
+    per_cluster = cluster_use()
+    context = {
+        "queue": queue,
+        "pending_count": pending_jobs.count() + pending_instances.count(),
+        "per_cluster": per_cluster,
+        "per_type": type_use(per_cluster),
+        "per_workspace": [row for row in quota_use(list(Workspace.objects.order_by("name"))) if row.quota or row.used],
+        "running": Job.objects.filter(state=Job.State.RUNNING)
+        .select_related("workspace", "cluster")
+        .order_by("started_at")[:SHOWN],
+        "running_count": Job.objects.filter(state=Job.State.RUNNING).count(),
+        "windows": list(WINDOWS),
+        "window": request.GET.get("window", DEFAULT_WINDOW),
+        "live_workspaces": [],
+    }
+    template = "console/_dashboard_body.html" if is_fragment(request) else "console/dashboard.html"
+    return page(request, template, context)
+
+
+@admin_only
+def usage_data(request: HttpRequest) -> JsonResponse:
+    """GPUs held over time across every cluster, per type, against the devices of that type."""
+    data = gpu_series(None, request.GET.get("window", DEFAULT_WINDOW))
+    devices = {row["gpu_type"]: float(row["devices"]) for row in type_use(cluster_use())}
+    for gpu_type in devices:
+        data["series"].setdefault(gpu_type, [0.0] * len(data["labels"]))
+    data["limits"] = devices
+    data["limit_label"] = "devices"
+    return JsonResponse(data)
+
+
+@admin_only
+def inventory(request: HttpRequest) -> HttpResponse:
+    """Every GPU of every registered cluster, and which workload holds it."""
+    allocations = Allocation.objects.select_related("instance__workspace", "job__workspace").order_by("replica")
+    gpus = (
+        GPU.objects.select_related("node__pool__cluster")
+        .prefetch_related(Prefetch("allocations", queryset=allocations))
+        .order_by("node__pool__cluster__name", "node__name", "index")
+    )
+    clusters = Cluster.objects.annotate(
+        nodes=Count("pools__nodes", distinct=True), devices=Count("pools__nodes__gpus", distinct=True)
+    ).order_by("name")
+    context = {
+        "clusters": clusters,
+        "page_obj": Paginator(gpus, 200).get_page(request.GET.get("page")),
+        "live_workspaces": [],
+    }
+    return page(request, "console/inventory.html", context)

@@ -1,0 +1,28 @@
+from django.urls import path
+
+from apps.console import catalog, dashboard, people, workspaces
+
+app_name = "console"
+
+urlpatterns = [
+    path("", dashboard.dashboard, name="dashboard"),
+    path("usage.json", dashboard.usage_data, name="usage"),
+    path("inventory/", dashboard.inventory, name="inventory"),
+    path("profiles/", catalog.profile_list, name="profiles"),
+    path("profiles/<str:kind>/new/", catalog.profile_edit, name="profile-new"),
+    path("profiles/<str:kind>/<str:name>/", catalog.profile_edit, name="profile"),
+    path("profiles/<str:kind>/<str:name>/publish/", catalog.profile_publish, name="profile-publish"),
+    path("workspaces/", workspaces.workspace_list, name="workspaces"),
+    path("workspaces/new/", workspaces.workspace_edit, name="workspace-new"),
+    path("workspaces/<str:name>/", workspaces.workspace_edit, name="workspace"),
+    path("workspaces/<str:name>/quotas/", workspaces.quota_set, name="quota-set"),
+    path("workspaces/<str:name>/quotas/<str:gpu_type>/delete/", workspaces.quota_delete, name="quota-delete"),
+    path("cohorts/", workspaces.cohort_create, name="cohort-create"),
+    path("cohorts/<str:name>/delete/", workspaces.cohort_delete, name="cohort-delete"),
+    path("people/", people.people, name="people"),
+    path("people/users/new/", people.user_edit, name="user-new"),
+    path("people/users/<str:username>/", people.user_edit, name="user"),
+    path("people/users/<str:username>/deactivate/", people.user_deactivate, name="user-deactivate"),
+    path("people/groups/", people.group_create, name="group-create"),
+    path("people/groups/<str:name>/delete/", people.group_delete, name="group-delete"),
+]

@@ -1,0 +1,196 @@
+"""Instances: the list, the three-step launch wizard, the detail page, delete, kubeconfig."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from apps.api.errors import ActionError
+from apps.catalog.models import ComputeProfile
+from apps.compute import actions
+from apps.compute.api import InstanceSerializer
+from apps.compute.models import Instance, Notebook
+from apps.web.common import (
+    Errors,
+    action_kwargs,
+    get_for,
+    is_fragment,
+    may_change,
+    page,
+    refused,
+    serializer_context,
+    signed_in,
+    validated,
+    workspace_for,
+)
+from apps.workspaces.access import CHANGE
+from apps.workspaces.models import Workspace
+from workers.backends.base import BackendError
+from workers.backends.registry import backend_for
+
+PER_PAGE = 50
+STEP_FIELDS = {1: {"name", "description"}, 2: {"profile"}}
+
+
+@signed_in
+def instance_list(request: HttpRequest, ws: str) -> HttpResponse:
+    workspace = workspace_for(request, ws)
+    show = request.GET.get("show", "live")
+    rows = Instance.objects.filter(workspace=workspace).select_related("profile")
+    if show != "all":
+        rows = rows.filter(state__in=[*Instance.LIVE_STATES, Instance.State.FAILED])
+    page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
+    context = {"workspace": workspace, "page_obj": page_obj, "show": show, "may_change": may_change(request, workspace)}
+    template = "web/instances/_table.html" if is_fragment(request) else "web/instances/list.html"
+    return page(request, template, context)
+
+
+def allowed_profiles(request: HttpRequest, workspace: Workspace) -> list[ComputeProfile]:
+    """The profiles the user may launch here: what the catalog shows them, narrowed by the workspace's policy.
+
+    The launch action checks both again; this only decides which cards to show.
+    """
+    profiles = ComputeProfile.objects.visible_to(request.user).filter(published=True)
+    allowed = list(workspace.allowed_profiles.values_list("pk", flat=True))
+    if allowed:
+        profiles = profiles.filter(pk__in=allowed)
+    return list(profiles.order_by("gpu_count", "cpu_cores", "name"))
+
+
+def _step_of(errors: Errors, default: int) -> int:
+    """The first wizard step that has a field with an error."""
+    for step, fields in sorted(STEP_FIELDS.items()):
+        if fields & set(errors):
+            return step
+    return default
+
+
+@signed_in
+def instance_new(request: HttpRequest, ws: str) -> HttpResponse:
+    """Launch in three steps: 1. name and description, 2. size, 3. review and launch."""
+    workspace = workspace_for(request, ws, CHANGE)
+    profiles = allowed_profiles(request, workspace)
+    values = {k: request.POST.get(k, request.GET.get(k, "")).strip() for k in ("name", "description", "profile")}
+    errors: Errors = {}
+    step = 1
+    if request.method == "POST":
+        current = int(request.POST.get("step", "1") or 1)
+        goto = int(request.POST.get("goto", current + 1) or current + 1)
+        data = {"workspace": workspace.name, **{k: v for k, v in values.items() if v or k != "profile"}}
+        if goto <= current:
+            step = max(1, goto)
+        else:
+            serializer = InstanceSerializer(data=data, partial=current < 2, context=serializer_context(request))
+            checked = validated(serializer, errors)
+            if current == 1:
+                errors = {k: v for k, v in errors.items() if k in STEP_FIELDS[1]}
+            if errors:
+                step = _step_of(errors, current)
+            elif current < 3:
+                step = current + 1
+            else:
+                assert checked is not None
+                checked.pop("workspace")
+                try:
+                    instance = actions.check_launch_instance(workspace, **checked, **action_kwargs(request))
+                except ActionError as exc:
+                    refused(exc, errors, STEP_FIELDS[1] | STEP_FIELDS[2])
+                    step = _step_of(errors, 3)
+                else:
+                    messages.success(request, f"Instance {instance.name} is launching.")
+                    return redirect("web:instance", ws=workspace.name, pk=instance.pk)
+    chosen = next((p for p in profiles if p.name == values["profile"]), None)
+    context = {
+        "workspace": workspace,
+        "step": step,
+        "steps": [(1, "Name"), (2, "Size"), (3, "Launch")],
+        "values": values,
+        "errors": errors,
+        "profiles": profiles,
+        "chosen": chosen,
+    }
+    return page(request, "web/instances/new.html", context, status=400 if errors else 200)
+
+
+def kubeconfig_of(instance: Instance) -> str | None:
+    """The instance's kubeconfig, where its backend has one (a Kubernetes namespace); else None."""
+    if instance.cluster is None or instance.state != Instance.State.RUNNING:
+        return None
+    try:
+        backend = backend_for(instance.cluster)
+        backend.load_state(instance.backend_state.get("run", {}))
+        return backend.kubeconfig()
+    except BackendError:
+        return None
+
+
+@signed_in
+def instance_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    workspace = workspace_for(request, ws)
+    instance = get_for(
+        request, Instance.objects.select_related("profile", "cluster", "created_by"), pk=pk, workspace=workspace
+    )
+    notebooks = instance.notebooks.filter(state__in=Notebook.LIVE_STATES).select_related("profile")
+    context = {
+        "workspace": workspace,
+        "instance": instance,
+        "notebooks": notebooks,
+        "has_kubeconfig": kubeconfig_of(instance) is not None,
+        "may_change": may_change(request, workspace),
+    }
+    template = "web/instances/_status.html" if is_fragment(request) else "web/instances/detail.html"
+    return page(request, template, context)
+
+
+@signed_in
+def instance_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    """GET asks for confirmation (deleting is irreversible); POST deletes."""
+    workspace = workspace_for(request, ws, CHANGE)
+    instance = get_for(request, Instance.objects.select_related("profile"), pk=pk, workspace=workspace)
+    errors: Errors = {}
+    if request.method == "POST":
+        try:
+            actions.do_delete_instance(instance, **action_kwargs(request))
+        except ActionError as exc:
+            errors["form"] = [exc.message]
+        else:
+            messages.success(request, f"Instance {instance.name} was deleted.")
+            return redirect("web:instances", ws=workspace.name)
+    live_notebooks = instance.notebooks.filter(state__in=Notebook.LIVE_STATES).count()
+    context = {"workspace": workspace, "instance": instance, "errors": errors, "live_notebooks": live_notebooks}
+    return page(request, "web/instances/delete.html", context, status=409 if errors else 200)
+
+
+@signed_in
+@require_POST
+def instance_describe(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    """Change the description, the one thing that changes on a launched instance."""
+    workspace = workspace_for(request, ws, CHANGE)
+    instance = get_for(request, Instance.objects.all(), pk=pk, workspace=workspace)
+    description = request.POST.get("description", "")
+    serializer = InstanceSerializer(
+        instance, data={"description": description}, partial=True, context=serializer_context(request)
+    )
+    errors: Errors = {}
+    data = validated(serializer, errors)
+    if data is not None:
+        actions.do_update_instance(instance, **data, **action_kwargs(request))
+        messages.success(request, "Description saved.")
+    else:
+        messages.error(request, " ".join(errors.get("description", ["The description was not saved."])))
+    return redirect("web:instance", ws=workspace.name, pk=instance.pk)
+
+
+@signed_in
+def instance_kubeconfig(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    workspace = workspace_for(request, ws, CHANGE)
+    instance = get_for(request, Instance.objects.select_related("cluster"), pk=pk, workspace=workspace)
+    config = kubeconfig_of(instance)
+    if config is None:
+        raise Http404("This instance has no kubeconfig.")
+    response = HttpResponse(config, content_type="application/yaml")
+    response["Content-Disposition"] = f'attachment; filename="{workspace.name}-{instance.name}.kubeconfig"'
+    return response

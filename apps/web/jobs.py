@@ -1,0 +1,191 @@
+"""Jobs: the queue and history, the submit form, the detail page with its live log, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import F, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from apps.api.errors import ActionError
+from apps.inventory.models import GPU
+from apps.jobs import actions
+from apps.jobs.api import JobSerializer
+from apps.jobs.models import Job
+from apps.web.common import (
+    Errors,
+    action_kwargs,
+    get_for,
+    is_fragment,
+    may_change,
+    page,
+    refused,
+    serializer_context,
+    signed_in,
+    validated,
+    workspace_for,
+)
+from apps.workspaces.access import CHANGE
+from apps.workspaces.models import GPUQuota, Workspace
+
+PER_PAGE = 50
+TEXT_FIELDS = (
+    "name",
+    "description",
+    "command",
+    "image",
+    "gpu_type",
+    "gpus_per_replica",
+    "replicas",
+    "priority",
+    "cpu_cores",
+    "memory_gb",
+    "max_runtime_s",
+    "env",
+    "artifact_paths",
+)
+DEFAULTS = {"gpus_per_replica": "1", "replicas": "1", "priority": "0", "cpu_cores": "1", "memory_gb": "4"}
+TABS = {
+    "queue": ("Queue", (Job.State.QUEUED, Job.State.ADMITTED, Job.State.PREEMPTED)),
+    "running": ("Running", (Job.State.RUNNING,)),
+    "finished": ("Finished", Job.FINAL_STATES),
+    "all": ("All", None),
+}
+
+
+def job_rows(workspace: Workspace, tab: str) -> QuerySet[Job]:
+    rows = Job.objects.filter(workspace=workspace).select_related("created_by")
+    states = TABS[tab][1]
+    if states is not None:
+        rows = rows.filter(state__in=states)
+    if tab == "queue":
+        return rows.order_by(F("workspace_queue_position").asc(nulls_last=True), "created_at", "id")
+    return rows
+
+
+@signed_in
+def job_list(request: HttpRequest, ws: str) -> HttpResponse:
+    workspace = workspace_for(request, ws)
+    tab = request.GET.get("tab", "queue")
+    if tab not in TABS:
+        tab = "queue"
+    context = {
+        "workspace": workspace,
+        "tab": tab,
+        "tabs": [(key, label) for key, (label, _) in TABS.items()],
+        "page_obj": Paginator(job_rows(workspace, tab), PER_PAGE).get_page(request.GET.get("page")),
+        "may_change": may_change(request, workspace),
+    }
+    template = "web/jobs/_table.html" if is_fragment(request) else "web/jobs/list.html"
+    return page(request, template, context)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def parse_env(text: str, errors: Errors) -> dict[str, str] | None:
+    """NAME=value lines; the API's own field then checks the names and sizes."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(_lines(text), start=1):
+        name, sep, value = line.partition("=")
+        if not sep:
+            errors.setdefault("env", []).append(f"Line {number}: write NAME=value.")
+            return None
+        env[name.strip()] = value
+    return env
+
+
+def submitted_data(post: Any, workspace: Workspace, errors: Errors) -> dict[str, Any]:
+    """The form's fields as the API's JSON body would carry them."""
+    data: dict[str, Any] = {"workspace": workspace.name}
+    for name in TEXT_FIELDS:
+        value = post.get(name, "").strip()
+        if value and name not in ("env", "artifact_paths"):
+            data[name] = value
+    if post.get("gpus_per_replica", "").strip() in ("", "0") and "gpu_type" in data:
+        data.pop("gpu_type")  # no GPUs: the type does not matter
+    env = parse_env(post.get("env", ""), errors)
+    if env:
+        data["env"] = env
+    paths = _lines(post.get("artifact_paths", ""))
+    if paths:
+        data["artifact_paths"] = paths
+    data["preemptible"] = post.get("preemptible") == "on"
+    return data
+
+
+def gpu_types(workspace: Workspace) -> list[str]:
+    quota_types = list(GPUQuota.objects.filter(workspace=workspace).values_list("gpu_type", flat=True))
+    inventory = GPU.objects.values_list("gpu_type", flat=True).distinct()
+    return sorted(set(quota_types) | set(inventory), key=lambda t: (t not in quota_types, t))
+
+
+@signed_in
+def job_new(request: HttpRequest, ws: str) -> HttpResponse:
+    workspace = workspace_for(request, ws, CHANGE)
+    types = gpu_types(workspace)
+    errors: Errors = {}
+    if request.method == "POST":
+        values = {name: request.POST.get(name, "") for name in TEXT_FIELDS}
+        values["preemptible"] = "on" if request.POST.get("preemptible") == "on" else ""
+        data = submitted_data(request.POST, workspace, errors)
+        serializer = JobSerializer(data=data, context=serializer_context(request))
+        checked = validated(serializer, errors)
+        if checked is not None and not errors:
+            checked.pop("workspace")
+            try:
+                job = actions.check_submit_job(workspace, **checked, **action_kwargs(request))
+            except ActionError as exc:
+                refused(exc, errors, set(TEXT_FIELDS))
+            else:
+                messages.success(request, f"Job {job.name} was submitted.")
+                return redirect("web:job", ws=workspace.name, pk=job.pk)
+    else:
+        values = {
+            **dict.fromkeys(TEXT_FIELDS, ""),
+            **DEFAULTS,
+            "gpu_type": types[0] if types else "",
+            "preemptible": "on",
+        }
+        values.update({k: v for k, v in request.GET.items() if k in TEXT_FIELDS})
+    context = {"workspace": workspace, "values": values, "errors": errors, "gpu_types": types}
+    return page(request, "web/jobs/new.html", context, status=400 if errors else 200)
+
+
+@signed_in
+def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    workspace = workspace_for(request, ws)
+    job = get_for(
+        request,
+        Job.objects.select_related("cluster", "created_by").prefetch_related("artifacts", "attempt_set"),
+        pk=pk,
+        workspace=workspace,
+    )
+    context = {
+        "workspace": workspace,
+        "job": job,
+        "may_change": may_change(request, workspace),
+        "replicas": range(job.replicas),
+        "env": sorted(job.env.items()),
+    }
+    template = "web/jobs/_status.html" if is_fragment(request) else "web/jobs/detail.html"
+    return page(request, template, context)
+
+
+@signed_in
+@require_POST
+def job_cancel(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    workspace = workspace_for(request, ws, CHANGE)
+    job = get_for(request, Job.objects.all(), pk=pk, workspace=workspace)
+    try:
+        actions.do_cancel_job(job, **action_kwargs(request))
+    except ActionError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Job {job.name} was cancelled.")
+    return redirect("web:job", ws=workspace.name, pk=job.pk)

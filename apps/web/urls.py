@@ -1,0 +1,35 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from apps.web import dashboard, home, instances, jobs, notebooks
+
+app_name = "web"
+
+urlpatterns = [
+    path("", home.landing, name="landing"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="web/login.html", redirect_authenticated_user=True, next_page="web:landing"
+        ),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(next_page="web:login"), name="logout"),
+    path("switch/", home.switch, name="switch"),
+    path("w/<str:ws>/", dashboard.dashboard, name="dashboard"),
+    path("w/<str:ws>/usage.json", dashboard.usage_data, name="usage"),
+    path("w/<str:ws>/instances/", instances.instance_list, name="instances"),
+    path("w/<str:ws>/instances/new/", instances.instance_new, name="instance-new"),
+    path("w/<str:ws>/instances/<int:pk>/", instances.instance_detail, name="instance"),
+    path("w/<str:ws>/instances/<int:pk>/describe/", instances.instance_describe, name="instance-describe"),
+    path("w/<str:ws>/instances/<int:pk>/delete/", instances.instance_delete, name="instance-delete"),
+    path("w/<str:ws>/instances/<int:pk>/kubeconfig/", instances.instance_kubeconfig, name="instance-kubeconfig"),
+    path("w/<str:ws>/notebooks/", notebooks.notebook_list, name="notebooks"),
+    path("w/<str:ws>/notebooks/new/", notebooks.notebook_new, name="notebook-new"),
+    path("w/<str:ws>/notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),
+    path("w/<str:ws>/notebooks/<int:pk>/delete/", notebooks.notebook_delete, name="notebook-delete"),
+    path("w/<str:ws>/jobs/", jobs.job_list, name="jobs"),
+    path("w/<str:ws>/jobs/new/", jobs.job_new, name="job-new"),
+    path("w/<str:ws>/jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
+]

@@ -1,0 +1,123 @@
+"""GPU use now and over time, read from the workloads' own admission and run times.
+
+Nothing is sampled: a job's attempts say when it ran, an instance's admission and end say
+when it held its GPUs. The series are the average GPUs held in each time bucket.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.compute.models import Instance
+from apps.jobs.models import Job, JobAttempt
+from apps.workspaces.api import gpus_in_use
+from apps.workspaces.models import GPUQuota
+
+WINDOWS = {"1h": (timedelta(hours=1), 60), "24h": (timedelta(hours=24), 96), "7d": (timedelta(days=7), 84)}
+DEFAULT_WINDOW = "1h"
+
+
+@dataclass
+class QuotaUse:
+    workspace_id: int
+    workspace: str
+    gpu_type: str
+    used: Decimal
+    quota: Decimal | None
+
+    @property
+    def percent(self) -> int:
+        if not self.quota:
+            return 100 if self.used else 0
+        return min(100, int(self.used * 100 / self.quota))
+
+    @property
+    def over(self) -> bool:
+        return self.quota is not None and self.used > self.quota
+
+
+def quota_use(workspaces: list[Any]) -> list[QuotaUse]:
+    """GPUs in use against the quota, per workspace and GPU type (types in use without a quota too)."""
+    ids = [w.pk for w in workspaces]
+    names = {w.pk: w.name for w in workspaces}
+    used = gpus_in_use(ids)
+    rows: dict[tuple[int, str], QuotaUse] = {}
+    for quota in GPUQuota.objects.filter(workspace_id__in=ids).order_by("gpu_type"):
+        key = (quota.workspace_id, quota.gpu_type)
+        rows[key] = QuotaUse(
+            quota.workspace_id, names[quota.workspace_id], quota.gpu_type, used.get(key, Decimal("0")), quota.gpus
+        )
+    for (workspace_id, gpu_type), total in used.items():
+        rows.setdefault((workspace_id, gpu_type), QuotaUse(workspace_id, names[workspace_id], gpu_type, total, None))
+    return sorted(rows.values(), key=lambda r: (ids.index(r.workspace_id), r.gpu_type))
+
+
+def _intervals(workspace_ids: list[int] | None, start: datetime, now: datetime) -> list[tuple[str, float, Any, Any]]:
+    """(gpu type, GPUs, from, to) for everything that held GPUs during [start, now]."""
+
+    def mine(prefix: str = "") -> Q:
+        return Q(**{f"{prefix}workspace_id__in": workspace_ids}) if workspace_ids is not None else Q()
+
+    out: list[tuple[str, float, Any, Any]] = []
+    attempts = JobAttempt.objects.filter(
+        mine("job__"),
+        Q(finished_at__isnull=True) | Q(finished_at__gt=start),
+        job__gpus_per_replica__gt=0,
+        started_at__isnull=False,
+        started_at__lt=now,
+    ).values_list("job__gpu_type", "job__gpus_per_replica", "job__replicas", "started_at", "finished_at")
+    for gpu_type, per_replica, replicas, began, ended in attempts:
+        out.append((gpu_type, float(per_replica * replicas), began, ended or now))
+    admitted = Job.objects.filter(mine(), state=Job.State.ADMITTED, gpus_per_replica__gt=0, admitted_at__isnull=False)
+    for gpu_type, per_replica, replicas, began in admitted.values_list(
+        "gpu_type", "gpus_per_replica", "replicas", "admitted_at"
+    ):
+        out.append((gpu_type, float(per_replica * replicas), began, now))
+    instances = Instance.objects.filter(
+        mine(),
+        Q(
+            finished_at__isnull=True,
+            state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING],
+        )
+        | Q(finished_at__gt=start),
+        gpus_per_replica__gt=0,
+        admitted_at__isnull=False,
+        admitted_at__lt=now,
+    ).values_list("gpu_type", "gpus_per_replica", "admitted_at", "finished_at")
+    for gpu_type, gpus, began, ended in instances:
+        out.append((gpu_type, float(gpus), began, ended or now))
+    return out
+
+
+def gpu_series(workspace_ids: list[int] | None, window: str = DEFAULT_WINDOW) -> dict[str, Any]:
+    """Average GPUs held per bucket over the window, per GPU type: {"labels": [...], "series": {type: [...]}}."""
+    span, buckets = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
+    now = timezone.now()
+    start = now - span
+    step = span.total_seconds() / buckets
+    series: dict[str, list[float]] = defaultdict(lambda: [0.0] * buckets)
+    t0 = start.timestamp()
+    for gpu_type, gpus, began, ended in _intervals(workspace_ids, start, now):
+        a = max(began.timestamp(), t0) - t0
+        b = min(ended.timestamp(), now.timestamp()) - t0
+        if b <= a:
+            continue
+        first, last = int(a // step), min(int(b // step), buckets - 1)
+        values = series[gpu_type]
+        for i in range(first, last + 1):
+            overlap = min(b, (i + 1) * step) - max(a, i * step)
+            if overlap > 0:
+                values[i] += gpus * overlap / step
+    labels = [(start + timedelta(seconds=step * (i + 1))).isoformat() for i in range(buckets)]
+    return {
+        "window": window if window in WINDOWS else DEFAULT_WINDOW,
+        "labels": labels,
+        "series": {k: [round(v, 3) for v in vs] for k, vs in sorted(series.items())},
+    }

@@ -1,0 +1,168 @@
+// Live updates: one WebSocket per workspace shown on the page. Each state change the portal
+// pushes ({"kind": "job"|"instance"|"notebook", "id": ..., "state": ...}) becomes a
+// "live-<kind>" event on <body>; page parts listen for it with hx-trigger and re-render
+// themselves from the server, so the server stays the one place that formats a page.
+(function () {
+  "use strict";
+  document.documentElement.classList.add("js");
+
+  const status = () => document.getElementById("live-status");
+  const open = new Map();
+
+  function setStatus(state, text) {
+    const el = status();
+    if (!el) return;
+    el.classList.toggle("on", state === "on");
+    el.classList.toggle("off", state === "off");
+    el.querySelector(".live-text").textContent = text;
+  }
+
+  function fire(name, detail) {
+    document.body.dispatchEvent(new CustomEvent(name, { detail: detail, bubbles: true }));
+  }
+
+  function connect(workspace, attempt) {
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const socket = new WebSocket(`${scheme}//${location.host}/ws/workspaces/${encodeURIComponent(workspace)}/`);
+    open.set(workspace, socket);
+    socket.addEventListener("open", () => {
+      setStatus("on", "Live");
+      if (attempt > 0) fire("live-reconnected", { workspace: workspace });  // catch up on what was missed
+      attempt = 0;
+    });
+    socket.addEventListener("message", (event) => {
+      let data;
+      try { data = JSON.parse(event.data); } catch (e) { return; }
+      data.workspace = workspace;
+      fire(`live-${data.kind}`, data);
+      fire("live-any", data);
+    });
+    socket.addEventListener("close", (event) => {
+      open.delete(workspace);
+      if (event.code === 4404) return;  // no such workspace for this user: do not retry
+      setStatus("off", "Reconnecting…");
+      const wait = Math.min(15000, 500 * 2 ** Math.min(attempt, 5));
+      setTimeout(() => connect(workspace, attempt + 1), wait);
+    });
+  }
+
+  // A job's log, followed through the API while the job may still write to it.
+  const FINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  function followLog(box) {
+    const out = box.querySelector("pre");
+    const picker = box.querySelector("select");
+    let offset = 0, replica = 0, timer = null, running = false;
+    async function tick() {
+      if (running) return;
+      running = true;
+      try {
+        const url = `${box.dataset.logUrl}?replica=${replica}&offset=${offset}`;
+        const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+        if (!response.ok) { out.dataset.error = String(response.status); return; }
+        const data = await response.json();
+        if (data.replica !== replica) return;
+        const atBottom = out.scrollHeight - out.scrollTop - out.clientHeight < 30;
+        if (data.text) {
+          if (offset === 0) out.textContent = "";
+          out.append(document.createTextNode(data.text));
+          if (atBottom) out.scrollTop = out.scrollHeight;
+        } else if (offset === 0 && !out.textContent.trim()) {
+          out.textContent = FINAL.has(data.state) ? "(no output)" : "Waiting for output…";
+        }
+        offset = data.offset;
+        box.dataset.state = data.state;
+        if (FINAL.has(data.state) && timer) { clearInterval(timer); timer = null; }
+      } catch (e) {
+        // the next tick tries again
+      } finally {
+        running = false;
+      }
+    }
+    function restart() {
+      if (timer) clearInterval(timer);
+      timer = setInterval(tick, 1500);
+      tick();
+    }
+    if (picker) picker.addEventListener("change", () => { replica = Number(picker.value); offset = 0; out.textContent = ""; restart(); });
+    document.body.addEventListener("live-job", (event) => {
+      if (String(event.detail.id) === box.dataset.jobId && !timer) restart();
+      else if (String(event.detail.id) === box.dataset.jobId) tick();
+    });
+    restart();
+  }
+
+  // GPU use over time: a line per GPU type and a dashed line for each type's limit.
+  const PALETTE = ["#3b5bdb", "#12b886", "#f59f00", "#e64980", "#7048e8", "#15aabf"];
+  function drawChart(box) {
+    const canvas = box.querySelector("canvas");
+    const table = box.querySelector("table tbody");
+    let chart = null, pending = null;
+    async function load() {
+      const response = await fetch(box.dataset.chartUrl, { credentials: "same-origin" });
+      if (!response.ok) return;
+      const data = await response.json();
+      const labels = data.labels.map((l) => new Date(l).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
+      const datasets = [];
+      Object.entries(data.series).forEach(([type, values], i) => {
+        const color = PALETTE[i % PALETTE.length];
+        datasets.push({ label: `${type} in use`, data: values, borderColor: color, backgroundColor: color + "22",
+          fill: true, stepped: false, tension: 0.25, pointRadius: 0, borderWidth: 2 });
+        if (data.limits && type in data.limits) {
+          datasets.push({ label: `${type} ${data.limit_label}`, data: values.map(() => data.limits[type]),
+            borderColor: color, borderDash: [6, 4], pointRadius: 0, borderWidth: 1.5, fill: false });
+        }
+      });
+      if (table) {
+        table.innerHTML = "";
+        Object.entries(data.series).forEach(([type, values]) => {
+          const row = table.insertRow();
+          row.insertCell().textContent = type;
+          row.insertCell().textContent = values[values.length - 1].toFixed(2);
+          row.insertCell().textContent = Math.max(0, ...values).toFixed(2);
+          row.insertCell().textContent = data.limits && type in data.limits ? String(data.limits[type]) : "—";
+        });
+      }
+      box.dataset.loaded = String(Date.now());
+      if (typeof Chart === "undefined" || !canvas) return;
+      if (!chart) {
+        chart = new Chart(canvas, {
+          type: "line",
+          data: { labels: labels, datasets: datasets },
+          options: { responsive: true, maintainAspectRatio: false, animation: { duration: 300 },
+            interaction: { mode: "index", intersect: false },
+            scales: { y: { beginAtZero: true, title: { display: true, text: "GPUs" } }, x: { ticks: { maxTicksLimit: 8 } } },
+            plugins: { legend: { position: "bottom" } } },
+        });
+      } else {
+        chart.data.labels = labels;
+        chart.data.datasets = datasets;
+        chart.update();
+      }
+    }
+    function soon() {
+      clearTimeout(pending);
+      pending = setTimeout(load, 400);
+    }
+    ["live-job", "live-instance", "live-reconnected"].forEach((name) => document.body.addEventListener(name, soon));
+    setInterval(load, 60000);  // the time axis moves on even when nothing changes
+    load();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const names = (document.body.dataset.liveWorkspaces || "").split(",").filter(Boolean);
+    if (names.length === 0) setStatus("off", "Not live");
+    names.forEach((name) => connect(name, 0));
+    document.querySelectorAll("select[data-autosubmit]").forEach((select) => {
+      select.addEventListener("change", () => select.form.requestSubmit());
+    });
+    document.querySelectorAll("[data-log-url]").forEach(followLog);
+    document.querySelectorAll("[data-chart-url]").forEach(drawChart);
+    document.querySelectorAll("[data-copy]").forEach((button) => {
+      button.addEventListener("click", async () => {
+        const target = document.getElementById(button.dataset.copy);
+        try { await navigator.clipboard.writeText(target.textContent.trim()); button.textContent = "Copied"; }
+        catch (e) { button.textContent = "Select and copy"; }
+      });
+    });
+  });
+})();

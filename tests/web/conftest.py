@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from tests.personas import World
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_files(settings: Any) -> None:
+    """Pages link the unhashed files: what collectstatic left in the data directory is not these tests' concern
+    (the browser tests serve the collected, hashed files)."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def signed_in(world: World) -> Callable[[Any], Client]:
+    """A browser-like client signed in as the user (session cookie, CSRF checks on)."""
+
+    def make(user: Any) -> Client:
+        client = Client(enforce_csrf_checks=False)
+        client.force_login(user)
+        return client
+
+    return make
+
+
+def queries(client: Client, url: str, **headers: str) -> int:
+    """How many SQL queries one page costs (the page must answer 200)."""
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url, headers=headers)
+    assert response.status_code == 200, response.content[:500]
+    return len(captured.captured_queries)
