@@ -22,4 +22,8 @@ def backend_for(cluster: Any) -> Backend:
         )
     if kind == "slurm":
         return SlurmBackend(partition=str(getattr(cluster, "connection", {}).get("partition", "gpu")))
+    if kind == "kubernetes":
+        from workers.backends.kubernetes import KubernetesBackend  # the client is loaded only where it is used
+
+        return KubernetesBackend.from_connection(getattr(cluster, "connection", None) or {})
     raise BackendError(f"the {kind} backend does not run workloads yet", permanent=True)

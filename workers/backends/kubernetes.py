@@ -1,0 +1,746 @@
+"""The Kubernetes backend: instances as namespaces or vclusters, notebooks as StatefulSets, jobs as indexed Jobs.
+
+Every object comes from the pure builders of ``kubernetes_objects`` and goes to the API server through the
+official ``kubernetes`` client, one typed call per object (``create_namespaced_job`` and so on). Responses
+are read as the API server's own JSON (``_preload_content=False``), never through the client's models.
+
+Idempotence. A create answered 409 (AlreadyExists) reads the object and goes on: it is refused if it is not
+the portal's or belongs to another workspace, it is a transient error while it is being deleted, and it is
+merge-patched to the manifest (Jobs excepted: their template is immutable, and the patch would suspend a
+released gang again). A delete answered 404 is done.
+
+Errors. A 403 for an exceeded quota is a ``PolicyRefusal`` with the API server's message; a request the
+builders cannot express (a fraction of a GPU without a shared-GPU resource) is one too. Other 4xx answers
+(invalid, forbidden, unauthorized) are permanent ``BackendError``; 409 conflicts, 408, 429, 5xx and
+connection errors are transient.
+
+Configuration: an explicit ``api_client`` or ``host`` (tests), else the pod's service account (in-cluster),
+else a kubeconfig (``kubeconfig`` path and ``context``, or the client's defaults).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlsplit
+
+import urllib3
+import yaml
+from kubernetes import client, config
+
+from workers.backends import kubernetes_objects as ko
+from workers.backends.base import (
+    Artifact,
+    Backend,
+    BackendError,
+    Endpoint,
+    GpuInfo,
+    InstanceSpec,
+    JobSpec,
+    NotebookSpec,
+    PolicyRefusal,
+    Progress,
+    Spec,
+    Status,
+)
+from workers.backends.local import PROGRESS_RE, validate_spec
+
+STATE_VERSION = 1
+TIMEOUT_EXIT_CODE = 124  # as the local and Slurm backends: killed for running past its time limit
+STOPPED_EXIT_CODE = 143  # a job stopped on request (SIGTERM), as the Slurm backend reports it
+UNKNOWN_EXIT_CODE = 255  # ended without an exit code the cluster could report
+MERGE_PATCH = "application/merge-patch+json"
+LOG_CHUNK = 1 << 20
+PROGRESS_TAIL_LINES = 500
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, from NVIDIA's GPU feature discovery
+
+# kind -> (client API class, the suffix of its create_/read_/patch_/delete_ methods)
+_RESOURCES: dict[str, tuple[type[Any], str]] = {
+    "Namespace": (client.CoreV1Api, "namespace"),
+    "ResourceQuota": (client.CoreV1Api, "namespaced_resource_quota"),
+    "LimitRange": (client.CoreV1Api, "namespaced_limit_range"),
+    "ServiceAccount": (client.CoreV1Api, "namespaced_service_account"),
+    "Secret": (client.CoreV1Api, "namespaced_secret"),
+    "ConfigMap": (client.CoreV1Api, "namespaced_config_map"),
+    "Service": (client.CoreV1Api, "namespaced_service"),
+    "Pod": (client.CoreV1Api, "namespaced_pod"),
+    "NetworkPolicy": (client.NetworkingV1Api, "namespaced_network_policy"),
+    "Ingress": (client.NetworkingV1Api, "namespaced_ingress"),
+    "RoleBinding": (client.RbacAuthorizationV1Api, "namespaced_role_binding"),
+    "StatefulSet": (client.AppsV1Api, "namespaced_stateful_set"),
+    "Job": (client.BatchV1Api, "namespaced_job"),
+}
+# The client's configuration loaders carry no annotations.
+_load_incluster_config: Callable[..., None] = config.load_incluster_config
+_load_kube_config: Callable[..., None] = config.load_kube_config
+# Deleting these waits for their pods (Foreground); the rest go at once, their dependents after (Background).
+_FOREGROUND = frozenset({"Job", "StatefulSet"})
+_BACKEND_OPTIONS = (
+    "host",
+    "kubeconfig",
+    "context",
+    "server_url",
+    "vcluster_server_url",
+    "default_job_image",
+    "default_notebook_image",
+    "start_timeout_s",
+    "stop_timeout_s",
+    "request_timeout_s",
+)
+
+
+def api_error(exc: client.ApiException) -> BackendError | PolicyRefusal:
+    """The error a failed API call means for the caller (see the module docstring)."""
+    status = int(exc.status or 0)
+    message = _api_message(exc)
+    if status == 403 and "exceeded quota" in message:
+        return PolicyRefusal(f"the cluster's quota refused it: {message}")
+    transient = status in (0, 408, 409, 429) or status >= 500 or "being terminated" in message
+    return BackendError(f"Kubernetes API answered {status}: {message}", permanent=not transient)
+
+
+def _api_message(exc: client.ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return str(exc.reason or "no message")
+
+
+def _ref(manifest: ko.Manifest) -> dict[str, str]:
+    meta = manifest["metadata"]
+    return {"kind": manifest["kind"], "name": meta["name"], "namespace": meta.get("namespace", "")}
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    for condition in obj.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def _workload_name(key: str) -> str:
+    """A workload key as a DNS label short enough for the Job's pods' hostnames and for label values."""
+    clean = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+    if clean == key and len(clean) <= 40:
+        return clean
+    return f"{clean[:29].rstrip('-') or 'w'}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+class KubernetesBackend(Backend):
+    """Runs one workload on a Kubernetes cluster; the kinds it runs are described in docs/kubernetes.md.
+
+    ``settings`` are the cluster's ``KubeSettings`` (ingress, GPU resources, name prefix...).
+    ``server_url`` is the API server URL written into users' kubeconfigs (default: the one the portal
+    uses); ``vcluster_server_url`` the URL a vcluster's kubeconfig names, with ``{release}`` and
+    ``{namespace}`` filled in. ``start_timeout_s`` bounds the wait for a gang's pods or a notebook to be
+    ready; ``stop_timeout_s`` the wait for deleted objects to be gone. ``poll_interval_s`` paces both.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        settings: ko.KubeSettings | None = None,
+        api_client: client.ApiClient | None = None,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        server_url: str | None = None,
+        vcluster_server_url: str = "https://{release}.{namespace}.svc",
+        default_job_image: str = "python:3.12-slim",
+        default_notebook_image: str = "quay.io/jupyter/minimal-notebook:latest",
+        start_timeout_s: float = 300.0,
+        stop_timeout_s: float = 120.0,
+        request_timeout_s: float = 30.0,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        self.settings = settings or ko.KubeSettings()
+        self.host = host
+        self.kubeconfig_path = kubeconfig
+        self.context = context
+        self.server_url = server_url
+        self.vcluster_server_url = vcluster_server_url
+        self.default_job_image = default_job_image
+        self.default_notebook_image = default_notebook_image
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self._client = api_client
+        self._apis: dict[type[Any], Any] = {}
+        self._state: dict[str, Any] = {}
+
+    @classmethod
+    def from_connection(cls, connection: Mapping[str, Any]) -> KubernetesBackend:
+        """A backend configured from a cluster's ``connection`` (backend options and ``KubeSettings`` fields).
+
+        An unknown key or a value of the wrong type is a permanent ``BackendError``.
+        """
+        fields = {f.name: f for f in dataclasses.fields(ko.KubeSettings)}
+        unknown = sorted(set(connection) - set(fields) - set(_BACKEND_OPTIONS))
+        if unknown:
+            raise BackendError(f"unknown Kubernetes connection settings: {', '.join(unknown)}", permanent=True)
+        defaults = ko.KubeSettings()
+        for key, value in connection.items():
+            expected = type(getattr(defaults, key)) if key in fields else None
+            if expected is not None and getattr(defaults, key) is not None and not isinstance(value, expected):
+                raise BackendError(f"connection setting {key} must be a {expected.__name__}", permanent=True)
+        if connection.get("ingress_mode", "path") not in ("path", "host"):
+            raise BackendError("connection setting ingress_mode must be 'path' or 'host'", permanent=True)
+        settings = ko.KubeSettings(**{k: v for k, v in connection.items() if k in fields})
+        options = {k: v for k, v in connection.items() if k in _BACKEND_OPTIONS}
+        for key in ("start_timeout_s", "stop_timeout_s", "request_timeout_s"):
+            if key in options and (not isinstance(options[key], int | float) or options[key] <= 0):
+                raise BackendError(f"connection setting {key} must be a positive number", permanent=True)
+        return cls(settings=settings, **options)
+
+    # -- the API -------------------------------------------------------------------------------
+
+    def _api_client(self) -> client.ApiClient:
+        if self._client is None:
+            self._client = client.ApiClient(self._configuration())
+        return self._client
+
+    def _configuration(self) -> client.Configuration:
+        configuration = client.Configuration()
+        if self.host:
+            configuration.host = self.host
+            return configuration
+        try:
+            _load_incluster_config(client_configuration=configuration)
+            return configuration
+        except config.ConfigException:
+            pass
+        try:
+            _load_kube_config(
+                config_file=self.kubeconfig_path,
+                context=self.context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (config.ConfigException, OSError) as exc:
+            raise BackendError(
+                f"no Kubernetes API: not in a cluster, and no usable kubeconfig: {exc}", permanent=True
+            ) from exc
+        return configuration
+
+    def _call(self, kind: str, verb: str, *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> bytes | None:
+        """Call ``<verb>_<kind's suffix>`` (``create_namespaced_job``...); see ``_invoke``."""
+        api_class, suffix = _RESOURCES[kind]
+        return self._invoke(api_class, f"{verb}_{suffix}", *args, ok=ok, **kwargs)
+
+    def _invoke(
+        self, api_class: type[Any], method_name: str, *args: Any, ok: tuple[int, ...] = (), **kwargs: Any
+    ) -> bytes | None:
+        """Call one method of the client and return the response body; None for an ``ok`` error status."""
+        if api_class not in self._apis:
+            self._apis[api_class] = api_class(self._api_client())
+        method: Callable[..., Any] = getattr(self._apis[api_class], method_name)
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=self.request_timeout_s, **kwargs)
+        except client.ApiException as exc:
+            if exc.status in ok:
+                return None
+            raise api_error(exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise BackendError(f"the Kubernetes API could not be reached: {exc}", permanent=False) from exc
+        data: bytes = response.data
+        return data
+
+    def _json_call(self, kind: str, verb: str, *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> Any:
+        data = self._call(kind, verb, *args, ok=ok, **kwargs)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise BackendError(
+                f"the Kubernetes API sent a body that is not JSON: {data[:200]!r}", permanent=False
+            ) from exc
+
+    @staticmethod
+    def _scope(ref: Mapping[str, str]) -> list[str]:
+        return [ref["name"], ref["namespace"]] if ref.get("namespace") else [ref["name"]]
+
+    def _read(self, ref: Mapping[str, str]) -> dict[str, Any] | None:
+        """The object as the API server has it, or None if it does not exist."""
+        obj = self._json_call(ref["kind"], "read", *self._scope(ref), ok=(404,))
+        return dict(obj) if obj is not None else None
+
+    def _list(self, kind: str, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Objects of `kind` in `namespace` with these labels (checked here too, whatever the server filtered)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        answer = self._json_call(kind, "list", namespace, label_selector=selector) or {}
+        items = [dict(item) for item in answer.get("items") or []]
+        return [i for i in items if labels.items() <= (i.get("metadata", {}).get("labels") or {}).items()]
+
+    def _create(self, manifest: ko.Manifest) -> dict[str, Any]:
+        """Create the object; if it exists already, check it is ours and converge it (see the module docstring)."""
+        kind, ref = manifest["kind"], _ref(manifest)
+        model = getattr(client, f"V1{kind}").from_dict(manifest)
+        args = [ref["namespace"], model] if ref["namespace"] else [model]
+        created = self._json_call(kind, "create", *args, ok=(409,))
+        if created is not None:
+            return dict(created)
+        existing = self._read(ref)
+        if existing is None:  # deleted between the two calls
+            raise BackendError(f"{kind} {ref['name']} vanished while it was created; try again", permanent=False)
+        labels = existing.get("metadata", {}).get("labels") or {}
+        ours = manifest["metadata"]["labels"]
+        if labels.get("app.kubernetes.io/managed-by") != ko.MANAGED_BY or (
+            labels.get(ko.LABEL_WORKSPACE) != ours[ko.LABEL_WORKSPACE]
+        ):
+            raise BackendError(f"{kind} {ref['name']} exists and is not this workspace's", permanent=True)
+        if existing.get("metadata", {}).get("deletionTimestamp"):
+            raise BackendError(f"{kind} {ref['name']} is still being deleted; try again", permanent=False)
+        if kind == "Job":
+            return existing
+        patched = self._json_call(kind, "patch", *self._scope(ref), manifest, _content_type=MERGE_PATCH)
+        return dict(patched)
+
+    def _delete(self, ref: Mapping[str, str]) -> None:
+        policy = "Foreground" if ref["kind"] in _FOREGROUND else "Background"
+        # Deleting a namespace that is already terminating is a 409: it is on its way.
+        ok = (404, 409) if ref["kind"] == "Namespace" else (404,)
+        self._call(ref["kind"], "delete", *self._scope(ref), ok=ok, propagation_policy=policy)
+
+    def _delete_all(self, refs: list[dict[str, str]]) -> None:
+        """Delete the objects (last created first) and wait until the API server has none of them."""
+        for ref in reversed(refs):
+            self._delete(ref)
+        if not self._wait(lambda: all(self._read(ref) is None for ref in refs), self.stop_timeout_s):
+            left = [f"{r['kind']} {r['name']}" for r in refs if self._read(r) is not None]
+            raise BackendError(
+                f"still being deleted after {self.stop_timeout_s:g}s: {', '.join(left)}", permanent=False
+            )
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if done():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll_interval_s)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Return the kind, key, namespace, the objects to delete on stop, and (once ended) the final status."""
+        copied: dict[str, Any] = json.loads(json.dumps(self._state))
+        return copied
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Reattach to a workload's objects by their names."""
+        if state and (
+            state.get("version") != STATE_VERSION
+            or state.get("kind") not in ("job", "notebook", "instance")
+            or not isinstance(state.get("namespace"), str)
+        ):
+            raise BackendError(
+                f"unreadable kubernetes backend state (version {state.get('version')!r})", permanent=True
+            )
+        self._state = json.loads(json.dumps(state))
+
+    def clear_state(self) -> None:
+        """Forget the workload; a finished Job stays until its ``ttlSecondsAfterFinished``."""
+        self._state = {}
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, spec: Spec) -> Endpoint:
+        """Create the workload's objects and return once it runs.
+
+        An instance runs once its objects exist (a vcluster then installs in the background: see
+        ``poll()``); a notebook once its pod is ready; a job once every pod of the gang is ready (or
+        has already ended). Past ``start_timeout_s`` its objects are deleted and the start fails,
+        transient. Calling it again for the same workload converges the objects and returns the same
+        endpoint. Instance kinds other than ``namespace`` and ``vcluster`` are a permanent error.
+        """
+        if self._state and (self._state.get("key") != spec.key or self._state.get("final")):
+            raise BackendError("this backend already ran a workload; clear_state() first", permanent=True)
+        try:
+            if isinstance(spec, JobSpec):
+                return self._start_job(spec)
+            if isinstance(spec, NotebookSpec):
+                return self._start_notebook(spec)
+            return self._start_instance(spec)
+        except ko.UnsupportedRequest as exc:
+            raise PolicyRefusal(str(exc)) from exc
+
+    def _begin(self, spec: Spec, kind: str, namespace: str, manifests: list[ko.Manifest], **extra: Any) -> None:
+        """Record what is about to be created, so that a stop after a failed start finds all of it."""
+        if not self._state:
+            self._state = {
+                "version": STATE_VERSION,
+                "kind": kind,
+                "key": spec.key,
+                "workspace": spec.workspace,
+                "name": spec.name,
+                "namespace": namespace,
+                "objects": [_ref(m) for m in manifests],
+                **extra,
+            }
+
+    def _public_server(self) -> str:
+        return self.server_url or str(self._api_client().configuration.host)
+
+    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+        owner = ko.Owner(workspace=spec.workspace, instance=spec.name)
+        profile = ko.Size(spec.cpu_cores, spec.memory_gb, Decimal(str(spec.gpus)), spec.gpu_type)
+        namespace = ko.namespace_name(owner, self.settings)
+        if spec.kind == "namespace":
+            manifests = ko.namespace_objects(owner, profile, spec.users, self.settings)
+            server = self._public_server()
+        elif spec.kind == "vcluster":
+            release = ko.vcluster_release_name(owner)
+            server = self.vcluster_server_url.format(release=release, namespace=namespace)
+            manifests = ko.vcluster_objects(owner, profile, self.settings, api_server_url=server)
+        else:
+            raise BackendError(
+                f"an instance of kind {spec.kind!r} cannot run on Kubernetes (namespace and vcluster can)",
+                permanent=True,
+            )
+        # The Namespace alone is deleted on stop: everything in it goes with it.
+        self._begin(spec, "instance", namespace, manifests[:1], instance_kind=spec.kind, gpus=str(spec.gpus))
+        self._state.update(instance=spec.name, gpu_type=spec.gpu_type, server=server)
+        for manifest in manifests:
+            self._create(manifest)
+        parts = urlsplit(server)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._state["endpoint"] = {"host": parts.hostname or "", "port": port, "url": server}
+        return self._endpoint()
+
+    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+        instance = spec.instance_state
+        namespace = instance.get("namespace")
+        if not isinstance(namespace, str) or not namespace:
+            raise BackendError("the notebook's instance has no Kubernetes namespace in its state", permanent=True)
+        owner = ko.Owner(workspace=spec.workspace, instance=str(instance.get("instance", "")), namespace=namespace)
+        # The notebook gets its instance's GPUs, counted as the instance holds them (a share, or whole ones).
+        gpus = Decimal(str(instance.get("gpus") or len(spec.devices))) if spec.devices else Decimal(0)
+        size = ko.Size(spec.cpu_cores, spec.memory_gb, gpus, str(instance.get("gpu_type", "")))
+        manifests = ko.notebook_objects(
+            owner,
+            spec.name,
+            image=spec.image or self.default_notebook_image,
+            size=size,
+            token=spec.token,
+            settings=self.settings,
+            base_url=spec.base_url or None,
+        )
+        self._begin(spec, "notebook", namespace, manifests, stateful_set=ko.notebook_name(spec.name))
+        for manifest in manifests:
+            self._create(manifest)
+        service = f"{ko.notebook_name(spec.name)}.{namespace}.svc"
+        url = ko.notebook_url(owner, spec.name, self.settings, spec.base_url or None)
+        self._state["endpoint"] = {"host": service, "port": ko.JUPYTER_PORT, "url": url}
+        self._wait_started(self._notebook_ready, "the notebook's server")
+        return self._endpoint()
+
+    def _notebook_ready(self) -> bool:
+        stateful_set = self._read(self._object("StatefulSet"))
+        return stateful_set is not None and int(stateful_set.get("status", {}).get("readyReplicas") or 0) >= 1
+
+    def submit(self, spec: JobSpec) -> None:
+        """Create a job's objects with its Job suspended: no pod exists until ``start()`` releases it.
+
+        Optional: ``start()`` submits first if this was not called. Idempotent.
+        """
+        validate_spec(spec)
+        if self._state and (self._state.get("key") != spec.key or self._state.get("final")):
+            raise BackendError("this backend already ran a workload; clear_state() first", permanent=True)
+        owner = ko.jobs_owner(spec.workspace, self.settings)
+        gpus = len(spec.devices[0]) if spec.devices else 0
+        gang = ko.GangJob(
+            name=_workload_name(spec.key),
+            image=spec.image or self.default_job_image,
+            command=spec.command,
+            size=ko.Size(spec.cpu_cores, spec.memory_gb, Decimal(gpus)),
+            replicas=spec.replicas,
+            env={**spec.env, "PORTAL_JOB_KEY": spec.key},
+            max_runtime_s=math.ceil(spec.max_runtime_s) if spec.max_runtime_s else None,
+        )
+        try:
+            namespace_manifests = ko.jobs_namespace_objects(spec.workspace, self.settings)
+            manifests = ko.job_objects(owner, gang, self.settings)
+        except ko.UnsupportedRequest as exc:
+            raise PolicyRefusal(str(exc)) from exc
+        job = ko.job_name(gang.name)
+        # The jobs namespace is the workspace's, shared by its jobs: it is not deleted with this one.
+        self._begin(spec, "job", ko.namespace_name(owner, self.settings), manifests, job=job, replicas=spec.replicas)
+        for manifest in namespace_manifests:
+            self._create(manifest)
+        for manifest in manifests:
+            existing = self._create(manifest)
+            if manifest["kind"] == "Job" and not self._state.get("released") and self._ended(existing):
+                # A Job of an earlier attempt under this name: it goes, and the start is retried.
+                self._delete(self._object("Job"))
+                raise BackendError(f"Job {job} of an earlier run is being deleted; try again", permanent=False)
+        namespace = self._state["namespace"]
+        master = f"{ko.master_address(gang.name)}.{namespace}.svc"
+        self._state["endpoint"] = {"host": master, "port": self.settings.master_port, "url": ""}
+
+    def _start_job(self, spec: JobSpec) -> Endpoint:
+        self.submit(spec)
+        self._json_call(
+            "Job",
+            "patch",
+            self._state["job"],
+            self._state["namespace"],
+            ko.job_release_patch(),
+            _content_type=MERGE_PATCH,
+        )
+        self._state["released"] = True
+        self._wait_started(self._gang_started, "every pod of the gang")
+        return self._endpoint()
+
+    def _gang_started(self) -> bool:
+        job = self._read(self._object("Job"))
+        if job is None or self._ended(job):
+            return True  # poll() tells what became of it
+        status = job.get("status", {})
+        started = sum(int(status.get(k) or 0) for k in ("ready", "succeeded", "failed"))
+        return started >= int(self._state["replicas"])
+
+    def _wait_started(self, started: Callable[[], bool], what: str) -> None:
+        if self._wait(started, self.start_timeout_s):
+            return
+        self._delete_all(self._state["objects"])
+        self._state["final"] = {"exit_code": UNKNOWN_EXIT_CODE, "message": "did not start in time"}
+        raise BackendError(f"{what} was not ready within {self.start_timeout_s:g}s; it was deleted", permanent=False)
+
+    def _object(self, kind: str) -> dict[str, str]:
+        return next(dict(ref) for ref in self._state["objects"] if ref["kind"] == kind)
+
+    def _endpoint(self) -> Endpoint:
+        endpoint = self._state["endpoint"]
+        return Endpoint(host=endpoint["host"], port=int(endpoint["port"]), url=endpoint["url"])
+
+    # -- poll / stop ---------------------------------------------------------------------------
+
+    def poll(self) -> Status:
+        """Running, or exited: from the Job's conditions, the StatefulSet's or the Namespace's existence.
+
+        A job: ``Complete`` → 0; ``Failed`` → the first non-zero exit code of its pods (by when they ended),
+        ``TIMEOUT_EXIT_CODE`` for ``DeadlineExceeded``; a Job gone before it was seen ending →
+        ``UNKNOWN_EXIT_CODE``. Once ended, the job's headless Service is deleted (its Job stays, with the
+        logs, until its TTL). A notebook or an instance runs while its StatefulSet or Namespace exists (and
+        a vcluster's installer has not failed).
+        """
+        if not self._state:
+            raise BackendError("nothing was started on this backend", permanent=True)
+        final = self._state.get("final")
+        if final:
+            return Status("exited", final["exit_code"], final["message"])
+        kind = self._state["kind"]
+        status = (
+            self._poll_job()
+            if kind == "job"
+            else self._poll_notebook()
+            if kind == "notebook"
+            else self._poll_instance()
+        )
+        if not status.running:
+            if kind == "job":
+                self._delete(self._object("Service"))
+            self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
+        return status
+
+    @staticmethod
+    def _ended(job: Mapping[str, Any]) -> bool:
+        return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
+
+    def _poll_job(self) -> Status:
+        job = self._read(self._object("Job"))
+        if job is None:
+            return Status("exited", UNKNOWN_EXIT_CODE, "the Job was deleted before its end was seen")
+        if _condition(job, "Complete"):
+            return Status("exited", 0, "exited")
+        failed = _condition(job, "Failed")
+        if failed is None:
+            return Status("running")
+        if failed.get("reason") == "DeadlineExceeded":
+            return Status("exited", TIMEOUT_EXIT_CODE, "killed by Kubernetes after exceeding its time limit")
+        exits = self._pod_exits()
+        if exits:
+            rank, code = exits[0]
+            return Status("exited", code, f"replica {rank} exited with code {code}")
+        detail = failed.get("message") or failed.get("reason") or "failed"
+        return Status("exited", UNKNOWN_EXIT_CODE, f"the Job failed: {detail}")
+
+    def _pod_exits(self) -> list[tuple[int, int]]:
+        """(rank, exit code) of each pod whose main container ended non-zero, earliest end first."""
+        ended: list[tuple[str, int, int]] = []
+        for pod in self._job_pods():
+            for container in pod.get("status", {}).get("containerStatuses") or []:
+                terminated = (container.get("state") or {}).get("terminated") or {}
+                if container.get("name") == "main" and terminated.get("exitCode"):
+                    rank = int(_pod_index(pod))
+                    ended.append((str(terminated.get("finishedAt") or ""), rank, int(terminated["exitCode"])))
+        return [(rank, code) for _, rank, code in sorted(ended)]
+
+    def _job_pods(self, index: int | None = None) -> list[dict[str, Any]]:
+        labels = {JOB_NAME_LABEL: self._state["job"]}
+        pods = self._list("Pod", self._state["namespace"], labels)
+        if index is not None:
+            pods = [p for p in pods if _pod_index(p) == str(index)]
+        return sorted(pods, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp") or ""))
+
+    def _poll_notebook(self) -> Status:
+        stateful_set = self._read(self._object("StatefulSet"))
+        if stateful_set is None:
+            return Status("exited", UNKNOWN_EXIT_CODE, "the notebook's StatefulSet was deleted outside the portal")
+        ready = int(stateful_set.get("status", {}).get("readyReplicas") or 0)
+        return Status("running", message="ready" if ready else "not ready")
+
+    def _poll_instance(self) -> Status:
+        namespace = self._read(self._object("Namespace"))
+        if namespace is None or namespace.get("status", {}).get("phase") == "Terminating":
+            return Status("exited", UNKNOWN_EXIT_CODE, "the namespace was deleted outside the portal")
+        if self._state.get("instance_kind") == "vcluster":
+            ref = {"kind": "Job", "name": ko.VCLUSTER_INSTALLER, "namespace": self._state["namespace"]}
+            installer = self._read(ref)
+            failed = _condition(installer, "Failed") if installer else None
+            if failed:
+                return Status("exited", 1, f"the vcluster chart did not install: {failed.get('message') or ''}")
+        return Status("running")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Delete the workload's objects (Jobs and StatefulSets in the foreground, so their pods go first) and
+        wait until the API server has none of them; a 404 is success. An instance's Namespace takes everything
+        in it along. Pods end with their own ``terminationGracePeriodSeconds``: ``grace_s`` is not passed on.
+        Raises ``BackendError`` (transient) if something is still being deleted after ``stop_timeout_s``.
+        """
+        if not self._state or self._state.get("final"):
+            return
+        self._state["stopped"] = True
+        self._delete_all(self._state["objects"])
+        code = STOPPED_EXIT_CODE if self._state["kind"] == "job" else 0
+        self._state["final"] = {"exit_code": code, "message": "stopped on request", "ended_at": time.time()}
+
+    # -- logs, artifacts, progress, kubeconfig, inventory --------------------------------------
+
+    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Up to 1 MiB of a replica's pod log from ``offset`` (a job's pod of that completion index, the
+        notebook's pod); ``(b"", offset)`` while there is no pod or no log yet, or once the pod is gone.
+        An instance has no log of its own."""
+        kind = self._state.get("kind")
+        replicas = int(self._state.get("replicas", 1)) if kind in ("job", "notebook") else 0
+        if not 0 <= replica < replicas:
+            raise BackendError(f"no replica {replica}", permanent=True)
+        pod_container = self._pod(replica)
+        if pod_container is None:
+            return b"", offset
+        pod, container = pod_container
+        data = self._invoke(
+            client.CoreV1Api,
+            "read_namespaced_pod_log",
+            pod,
+            self._state["namespace"],
+            container=container,
+            limit_bytes=offset + LOG_CHUNK,
+            ok=(400, 404),  # 400: the container has not started yet
+        )
+        chunk = (data or b"")[offset : offset + LOG_CHUNK]
+        return chunk, offset + len(chunk)
+
+    def _pod(self, replica: int) -> tuple[str, str] | None:
+        if self._state["kind"] == "notebook":
+            return f"{self._state['stateful_set']}-0", "notebook"
+        pods = self._job_pods(replica)
+        return (str(pods[-1]["metadata"]["name"]), "main") if pods else None
+
+    def artifacts(self) -> list[Artifact]:
+        """Always ``[]``: on Kubernetes a job's files live in its pods' volumes, which the portal does not read."""
+        return []
+
+    def progress(self) -> Progress | None:
+        """The last ``PROGRESS <fraction>`` in the last lines of replica 0's log, clamped to 0..1."""
+        if self._state.get("kind") != "job":
+            return None
+        pod_container = self._pod(0)
+        if pod_container is None:
+            return None
+        pod, container = pod_container
+        tail = self._invoke(
+            client.CoreV1Api,
+            "read_namespaced_pod_log",
+            pod,
+            self._state["namespace"],
+            container=container,
+            tail_lines=PROGRESS_TAIL_LINES,
+            ok=(400, 404),
+        )
+        matches = list(PROGRESS_RE.finditer(tail or b""))
+        if not matches:
+            return None
+        last = matches[-1]
+        fraction = min(1.0, max(0.0, float(last.group(1))))
+        return Progress(fraction, last.group(0).decode("utf-8", "replace").strip())
+
+    def kubeconfig(self) -> str | None:
+        """A kubeconfig (YAML) for an instance's users: the namespace's service account token, or the
+        vcluster's own. ``BackendError`` (transient) while the token or the vcluster is not there yet."""
+        if self._state.get("kind") != "instance":
+            return None
+        namespace = self._state["namespace"]
+        if self._state.get("instance_kind") == "vcluster":
+            name = ko.vcluster_kubeconfig_secret_name(ko.Owner(self._state["workspace"], self._state["instance"]))
+            data = self._secret_data(name, namespace, "config")
+            return base64.b64decode(data["config"]).decode()
+        data = self._secret_data(f"{ko.service_account_name()}-token", namespace, "token", "ca.crt")
+        manifest = ko.kubeconfig(
+            username=ko.service_account_name(),
+            server=self._state["server"],
+            ca_data=data["ca.crt"],
+            token=base64.b64decode(data["token"]).decode(),
+            namespace=namespace,
+        )
+        return yaml.safe_dump(manifest, sort_keys=False)
+
+    def _secret_data(self, name: str, namespace: str, *keys: str) -> dict[str, str]:
+        secret = self._read({"kind": "Secret", "name": name, "namespace": namespace})
+        data = (secret or {}).get("data") or {}
+        if not all(data.get(key) for key in keys):
+            raise BackendError(f"the Secret {name} has no {' and '.join(keys)} yet", permanent=False)
+        return {key: str(data[key]) for key in keys}
+
+    def discover(self) -> list[GpuInfo]:
+        """One ``GpuInfo`` per allocatable ``gpu_resource_name`` of each node (index ``<node>:<i>``), named by
+        the node's ``nvidia.com/gpu.product`` label, with ``nvidia.com/gpu.memory`` (MiB) where labelled."""
+        answer = json.loads(self._invoke(client.CoreV1Api, "list_node") or b"{}")
+        gpus: list[GpuInfo] = []
+        for node in answer.get("items") or []:
+            meta, status = node.get("metadata", {}), node.get("status", {})
+            count = str((status.get("allocatable") or {}).get(self.settings.gpu_resource_name, "0"))
+            labels = meta.get("labels") or {}
+            memory = str(labels.get(GPU_MEMORY_LABEL, ""))
+            product = str(labels.get(GPU_PRODUCT_LABEL) or "gpu")
+            total = int(count) if count.isdigit() else 0
+            gpus += [
+                GpuInfo(index=f"{meta['name']}:{i}", name=product, memory_mb=int(memory) if memory.isdigit() else 0)
+                for i in range(total)
+            ]
+        return sorted(gpus, key=lambda g: (g.index.rsplit(":", 1)[0], int(g.index.rsplit(":", 1)[1])))
+
+
+def _pod_index(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata", {})
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return str(labels.get(JOB_INDEX_LABEL, annotations.get(ko.JOB_INDEX_ANNOTATION, "")))
