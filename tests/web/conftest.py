@@ -39,3 +39,9 @@ def queries(client: Client, url: str, **headers: str) -> int:
         response = client.get(url, headers=headers)
     assert response.status_code == 200, response.content[:500]
     return len(captured.captured_queries)
+
+
+@pytest.fixture
+def committed(django_capture_on_commit_callbacks: Any) -> Any:
+    """Run what actions queue on commit (the inline scheduling cycle) as they would in production."""
+    return lambda: django_capture_on_commit_callbacks(execute=True)
