@@ -549,13 +549,8 @@ class KubernetesBackend(Backend):
         if final:
             return Status("exited", final["exit_code"], final["message"])
         kind = self._state["kind"]
-        status = (
-            self._poll_job()
-            if kind == "job"
-            else self._poll_notebook()
-            if kind == "notebook"
-            else self._poll_instance()
-        )
+        pollers = {"job": self._poll_job, "notebook": self._poll_notebook, "instance": self._poll_instance}
+        status = pollers[kind]()
         if not status.running:
             if kind == "job":
                 self._delete(self._object("Service"))
