@@ -32,9 +32,7 @@ def _manage(*args: str) -> None:
 def _start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child's lifetime
     # Each child leads its own process group, so stopping it also stops whatever it forked.
-    return subprocess.Popen(
-        argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    return subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(children: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.personas import World, make_world
+from tests.proxy import Proxy, running_proxy
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +41,18 @@ def world(db: None) -> World:
 def tx_world(transactional_db: None) -> World:
     """The same world, committed, for tests that use other threads or processes."""
     return make_world()
+
+
+@pytest.fixture
+def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
+    """The proxy in front of the live portal, and the worker starting workloads in-process."""
+    with running_proxy(live_server.url, tmp_path / "proxy.log") as running:
+        settings.PORTAL_PROXY_API_URL = running.api_url
+        settings.PORTAL_PROXY_AUTH_TOKEN = running.token
+        settings.PORTAL_INTERNAL_URL = live_server.url
+        settings.PORTAL_WORKLOAD_TRIGGER = "inline"
+        settings.PORTAL_WORK_DIR = tmp_path / "work"
+        yield running
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -11,7 +11,8 @@ from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook
-from apps.inventory.models import Allocation
+from apps.inventory.models import Allocation, Cluster
+from apps.jobs.actions import check_cluster_fits
 from apps.scheduling.limits import check_request_size
 from apps.scheduling.trigger import request_cycle, request_workload
 from apps.workspaces.live import notify
@@ -37,10 +38,12 @@ def check_launch_instance(
     name: str,
     profile: ComputeProfile,
     description: str = "",
+    requested_cluster: Cluster | None = None,
     acting_user: Any,
     origin: Origin = SYSTEM,
 ) -> Instance:
-    """Validate a launch against the workspace's hard limits and queue the instance.
+    """Validate a launch against the workspace's hard limits and queue the instance, to run on
+    `requested_cluster` (an enabled cluster whose nodes could hold it) or, without one, on any.
 
     Raises LimitExceeded when the workspace is at its max instances or could never be given
     the profile's size, ActionError for a profile it may not use or a name in use.
@@ -64,6 +67,15 @@ def check_launch_instance(
             cpu_cores=profile.cpu_cores,
             memory_gb=profile.memory_gb,
         )
+        if requested_cluster is not None:
+            check_cluster_fits(
+                requested_cluster,
+                gpu_type=profile.gpu_type,
+                gpus_per_replica=profile.gpu_count,
+                replicas=1,
+                cpu_cores=profile.cpu_cores,
+                memory_gb=profile.memory_gb,
+            )
         instance = Instance.objects.create(
             workspace=workspace,
             name=name,
@@ -73,6 +85,7 @@ def check_launch_instance(
             gpus_per_replica=profile.gpu_count,
             cpu_cores=profile.cpu_cores,
             memory_gb=profile.memory_gb,
+            requested_cluster=requested_cluster,
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(

@@ -9,6 +9,8 @@ from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute import actions
 from apps.compute.models import Instance, Notebook
+from apps.inventory.models import Cluster
+from apps.names import DNS_LABEL_RE
 from apps.workspaces.access import CHANGE, can, restrict
 
 
@@ -21,6 +23,35 @@ class VisibleProfileField(serializers.SlugRelatedField):
 
     def get_queryset(self) -> Any:
         return self.model.objects.visible_to(self.context["request"].user)
+
+
+class TargetClusterField(serializers.SlugRelatedField):
+    """An enabled cluster, by name, that a new job or instance must run on.
+
+    Read back, it is where it runs (or ran) once admitted, and where it was asked to run while it waits.
+    """
+
+    default_error_messages = {
+        "does_not_exist": "No cluster is named {value}.",
+        "disabled": "Cluster {value} is disabled.",
+        "invalid": "Give a cluster's name.",
+    }
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(slug_field="name", queryset=Cluster.objects.all(), source="requested_cluster", **kwargs)
+
+    def to_internal_value(self, data: Any) -> Cluster:
+        if not isinstance(data, str) or not DNS_LABEL_RE.fullmatch(data):
+            self.fail("invalid")
+        cluster = Cluster.objects.filter(name=data).first()
+        if cluster is None:
+            self.fail("does_not_exist", value=data)
+        if not cluster.enabled:
+            self.fail("disabled", value=data)
+        return cluster
+
+    def get_attribute(self, instance: Any) -> Cluster | None:
+        return instance.cluster if instance.cluster_id else instance.requested_cluster
 
 
 class WorkloadStatusMixin(serializers.Serializer):
@@ -39,6 +70,8 @@ class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     name = NameField()
     profile = VisibleProfileField(ComputeProfile)
     size = serializers.CharField(source="profile.size_label", read_only=True)
+    cluster = TargetClusterField(required=False, allow_null=True)
+    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     running_for_s = serializers.SerializerMethodField()
 
     class Meta:
@@ -46,7 +79,8 @@ class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
         fields = [
             "id", "workspace", "name", "description", "profile", "size", "state", "failure_reason",
             "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb", "wait_reason", "workspace_queue_position",
-            "cluster_queue_position", "estimated_start_at", "cluster", "created_by", "launched_at", "admitted_at",
+            "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster", "created_by", "launched_at",
+            "admitted_at",
             "started_at", "finished_at", "running_for_s",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb",
@@ -55,7 +89,7 @@ class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if self.instance is not None and not isinstance(self.instance, list):
-            for name in ("workspace", "name", "profile"):
+            for name in ("workspace", "name", "profile", "cluster"):
                 self.fields[name].read_only = True
 
     def get_running_for_s(self, instance: Instance) -> int | None:
@@ -72,7 +106,7 @@ class InstanceViewSet(TenantViewSet):
     ordering_fields = ["created_at", "name", "state"]
 
     def base_queryset(self) -> Any:
-        return Instance.objects.select_related("workspace", "profile", "cluster", "created_by")
+        return Instance.objects.select_related("workspace", "profile", "cluster", "requested_cluster", "created_by")
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         data = dict(serializer.validated_data)

@@ -14,12 +14,10 @@ from rest_framework.response import Response
 
 from apps.api.fields import EnvField, NameField, RelativePathListField, WorkspaceField
 from apps.api.views import TenantViewSet
-from apps.compute.api import WorkloadStatusMixin
-from apps.inventory.models import Cluster
+from apps.compute.api import TargetClusterField, WorkloadStatusMixin
 from apps.jobs import actions
 from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.jobs.running import artifact_file, job_logs
-from apps.names import DNS_LABEL_RE
 
 
 class JobAttemptSerializer(serializers.ModelSerializer):
@@ -41,35 +39,6 @@ class LogQuerySerializer(serializers.Serializer):
 
 class ArtifactQuerySerializer(serializers.Serializer):
     path = serializers.CharField(max_length=1000)
-
-
-class TargetClusterField(serializers.SlugRelatedField):
-    """An enabled cluster, by name, that a new job must run on.
-
-    Read back, it is where the job runs (or ran) once admitted, and where it was asked to run while it waits.
-    """
-
-    default_error_messages = {
-        "does_not_exist": "No cluster is named {value}.",
-        "disabled": "Cluster {value} is disabled.",
-        "invalid": "Give a cluster's name.",
-    }
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(slug_field="name", queryset=Cluster.objects.all(), source="requested_cluster", **kwargs)
-
-    def to_internal_value(self, data: Any) -> Cluster:
-        if not isinstance(data, str) or not DNS_LABEL_RE.fullmatch(data):
-            self.fail("invalid")
-        cluster = Cluster.objects.filter(name=data).first()
-        if cluster is None:
-            self.fail("does_not_exist", value=data)
-        if not cluster.enabled:
-            self.fail("disabled", value=data)
-        return cluster
-
-    def get_attribute(self, instance: Job) -> Cluster | None:
-        return instance.cluster if instance.cluster_id else instance.requested_cluster
 
 
 class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):

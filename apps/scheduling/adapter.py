@@ -213,6 +213,8 @@ def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], i
     model = type(row)
     new_state = Job.State.ADMITTED if isinstance(row, Job) else Instance.State.PROVISIONING
     cluster_id = Cluster.objects.filter(name=decision.cluster).values_list("pk", flat=True).first()
+    if cluster_id is None:  # no GPUs asked for: the cluster asked for, else the default one
+        cluster_id = row.requested_cluster_id
     if cluster_id is None:
         cluster_id = Cluster.objects.filter(is_default=True).values_list("pk", flat=True).first()
     claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(

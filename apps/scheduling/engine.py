@@ -180,10 +180,16 @@ class Engine:
                 f"can never run: asks for {fmt_units(total)} {gpu_type} but workspace {workload.workspace} "
                 f"can hold at most {fmt_units(ceiling)}"
             )
-        for pool in self.pools_by_type.get(gpu_type, []):
+        for pool in self._pools_for(workload):
             if self._slots(pool, units) >= workload.replicas:
                 return ""
-        return f"can never run: no cluster has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
+        where = f"cluster {workload.cluster}" if workload.cluster else "no cluster"
+        return f"can never run: {where} has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
+
+    def _pools_for(self, workload: Workload) -> list[Pool]:
+        """The pools a workload may be placed in: of its GPU type, on the cluster it asked for if any."""
+        pools = self.pools_by_type.get(workload.gpu_type, [])
+        return [p for p in pools if p.cluster == workload.cluster] if workload.cluster else pools
 
     def _slots(self, pool: Pool, units: int) -> int:
         """How many replicas of `units` hundredths the pool's nodes hold when empty (counted once:
@@ -256,7 +262,7 @@ class Engine:
 
     def _try_place(self, workload: Workload) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
         share = units_of(workload.gpus_per_replica)
-        for pool in self.pools_by_type.get(workload.gpu_type, []):
+        for pool in self._pools_for(workload):
             if pool.free_units < share * workload.replicas:
                 continue
             placed = pool.place(share, workload.replicas)
@@ -374,7 +380,7 @@ class Engine:
         if now - workload.submitted_at < self.policy.starvation_s:
             return
         share = units_of(workload.gpus_per_replica)
-        for pool in self.pools_by_type.get(workload.gpu_type, []):
+        for pool in self._pools_for(workload):
             if pool.held:
                 continue
             count = max(1, share // UNIT)

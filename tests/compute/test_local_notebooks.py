@@ -7,7 +7,6 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,7 @@ from apps.compute.models import Instance, Notebook
 from apps.compute.running import reconcile_compute
 from apps.inventory.models import Allocation
 from tests.personas import World
-from tests.proxy import Proxy, running_proxy
-
-
-@pytest.fixture
-def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
-    """The proxy in front of the live portal, and the worker starting workloads in-process."""
-    with running_proxy(live_server.url, tmp_path / "proxy.log") as running:
-        settings.PORTAL_PROXY_API_URL = running.api_url
-        settings.PORTAL_PROXY_AUTH_TOKEN = running.token
-        settings.PORTAL_INTERNAL_URL = live_server.url
-        settings.PORTAL_WORKLOAD_TRIGGER = "inline"
-        settings.PORTAL_WORK_DIR = tmp_path / "work"
-        yield running
+from tests.proxy import Proxy
 
 
 @pytest.fixture
@@ -64,7 +51,9 @@ def _alive(pids: list[int]) -> list[int]:
 
 def _launch(world: World, profile: NotebookProfile) -> tuple[Instance, Notebook]:
     client = world.client(world.alice)
-    response = client.post("/api/v1/instances/", {"workspace": "team-a", "name": "box", "profile": "gpu-1"}, format="json")
+    response = client.post(
+        "/api/v1/instances/", {"workspace": "team-a", "name": "box", "profile": "gpu-1"}, format="json"
+    )
     assert response.status_code == 201, response.content
     instance = Instance.objects.get(pk=response.json()["id"])
     assert instance.state == Instance.State.RUNNING, instance.failure_reason

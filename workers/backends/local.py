@@ -14,13 +14,11 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,9 +37,8 @@ from workers.backends.base import (
     Spec,
     Status,
 )
+from workers.backends.notebook_server import server_command, server_env, wait_answering
 from workers.backends.pyenv import ensure_env
-
-_NOTEBOOK_MODULES = Path(__file__).resolve().parent.parent / "notebook"  # portal_identity.py
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1): the job was killed for running past max_runtime_s
@@ -192,29 +189,13 @@ class LocalBackend(Backend):
         if not self.env_root:
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
-        args = [
-            f"{env}/bin/python",
-            "-m",
-            "jupyter_server",
-            "--ip=127.0.0.1",
-            "--port=$MASTER_PORT",
-            "--no-browser",
-            f"--ServerApp.base_url={spec.base_url}",
-            f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}",
-            # Bound to loopback behind the portal's proxy, which keeps the browser's Host header.
-            "--ServerApp.allow_remote_access=True",
-            "--ServerApp.identity_provider_class=portal_identity.PortalIdentityProvider",
-            f"--PortalIdentityProvider.portal_auth_url={spec.auth_url}",
-        ]
-        if os.geteuid() == 0:  # containers and CI often run as root; Jupyter refuses that by default
-            args.append("--allow-root")
         server = JobSpec(
             key=spec.key,
             workspace=spec.workspace,
             name=spec.name,
-            command="exec " + " ".join(a if a == "--port=$MASTER_PORT" else shlex.quote(a) for a in args),
+            command=server_command(env, spec, ip="127.0.0.1", port="$MASTER_PORT"),
             work_dir=spec.work_dir,
-            env={"JUPYTER_TOKEN": spec.token, "PYTHONPATH": str(_NOTEBOOK_MODULES)},
+            env=server_env(spec),
             devices=[spec.devices],
             cpu_cores=spec.cpu_cores,
             memory_gb=spec.memory_gb,
@@ -222,30 +203,17 @@ class LocalBackend(Backend):
         endpoint = self.start(server)
         self._state["kind"] = "notebook"
         try:
-            self._wait_answering(f"http://127.0.0.1:{endpoint.port}{spec.base_url}api")
+            wait_answering(
+                f"http://127.0.0.1:{endpoint.port}{spec.base_url}api",
+                alive=lambda: bool(self._alive_ranks()),
+                log_tail=lambda: _tail(self._state["replicas"][0]["log"]),
+                timeout_s=self.notebook_start_timeout_s,
+            )
         except BackendError:
             self._terminate(grace_s=self.teardown_grace_s, reason="the notebook server did not start")
             self._finish()
             raise
         return Endpoint(endpoint.host, endpoint.port, url=f"http://127.0.0.1:{endpoint.port}")
-
-    def _wait_answering(self, url: str) -> None:
-        deadline = time.monotonic() + self.notebook_start_timeout_s
-        while time.monotonic() < deadline:
-            if not self._alive_ranks():
-                tail, _ = read_log(self._state["replicas"][0]["log"], 0)
-                lines = tail.decode(errors="replace").strip().splitlines()[-5:]
-                raise BackendError("the notebook server exited: " + " | ".join(lines), permanent=False)
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise BackendError(
-            f"the notebook server did not answer within {self.notebook_start_timeout_s:g}s", permanent=False
-        )
 
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
         job_dir = Path(self._state["job_dir"])
@@ -644,6 +612,11 @@ def parse_nvidia_smi(out: str) -> list[GpuInfo]:
         if len(parts) == 4 and parts[0].isdigit():
             gpus.append(GpuInfo(index=parts[0], name=parts[1], memory_mb=int(float(parts[2])), uuid=parts[3]))
     return gpus
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    data, _ = read_log(path, 0)
+    return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:])
 
 
 def read_log(path: str, offset: int) -> tuple[bytes, int]:

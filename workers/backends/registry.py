@@ -21,7 +21,13 @@ def backend_for(cluster: Any) -> Backend:
             owner=str(settings.PORTAL_WORK_DIR),
         )
     if kind == "slurm":
-        return SlurmBackend(partition=str(getattr(cluster, "connection", {}).get("partition", "gpu")))
+        from django.conf import settings
+
+        return SlurmBackend(
+            partition=str(getattr(cluster, "connection", {}).get("partition", "gpu")),
+            env_root=str(settings.PORTAL_NOTEBOOK_ENV_DIR),
+            notebook_start_timeout_s=float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S),
+        )
     if kind == "kubernetes":
         from workers.backends.kubernetes import KubernetesBackend  # the client is loaded only where it is used
 

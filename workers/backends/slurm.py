@@ -34,13 +34,17 @@ from workers.backends.base import (
     BackendError,
     Endpoint,
     GpuInfo,
+    InstanceSpec,
     JobSpec,
+    NotebookSpec,
     PolicyRefusal,
     Progress,
     Spec,
     Status,
 )
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
+from workers.backends.notebook_server import server_command, server_env, wait_answering
+from workers.backends.pyenv import ensure_env
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
@@ -196,6 +200,8 @@ class SlurmBackend(Backend):
         scontrol_path: str = "scontrol",
         sacct_retries: int = 12,
         sacct_retry_delay_s: float = 0.25,
+        env_root: str = "",
+        notebook_start_timeout_s: float = 60.0,
     ) -> None:
         self.partition = partition
         self.start_timeout_s = start_timeout_s
@@ -207,6 +213,8 @@ class SlurmBackend(Backend):
         self.scontrol_path = scontrol_path
         self.sacct_retries = sacct_retries
         self.sacct_retry_delay_s = sacct_retry_delay_s
+        self.env_root = env_root
+        self.notebook_start_timeout_s = notebook_start_timeout_s
         self._state: dict[str, Any] = {}
 
     def _run(self, argv: list[str]) -> str:
@@ -238,8 +246,10 @@ class SlurmBackend(Backend):
         satisfy; ``BackendError`` transient when the job did not start within
         ``start_timeout_s`` (it is cancelled first) or a command failed.
         """
-        if not isinstance(spec, JobSpec):
-            raise BackendError(f"the slurm backend does not run a {type(spec).__name__} yet", permanent=True)
+        if isinstance(spec, InstanceSpec):
+            return self._start_instance(spec)
+        if isinstance(spec, NotebookSpec):
+            return self._start_notebook(spec)
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
@@ -298,6 +308,70 @@ class SlurmBackend(Backend):
         }
         self._wait_running()
         return self._endpoint()
+
+    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+        """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
+        holder = JobSpec(
+            key=spec.key,
+            workspace=spec.workspace,
+            name=spec.name,
+            command="exec sleep infinity",
+            work_dir=spec.work_dir,
+            devices=[spec.devices],
+            cpu_cores=spec.cpu_cores,
+            memory_gb=spec.memory_gb,
+        )
+        endpoint = self.start(holder)
+        self._state["kind"] = "instance"
+        return endpoint
+
+    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+        """A batch job running a Jupyter server on its node's address; returns once it answers.
+
+        The environment is built where the worker runs, under ``env_root``, which compute nodes
+        must see at the same path (a shared filesystem), as they see the job directories."""
+        if not self.env_root:
+            raise BackendError("the slurm backend has no notebook environment directory", permanent=True)
+        running = self._state and self._state.get("key") == spec.key and "final" not in self._state
+        if running and self._live_state() is not None:
+            return self._notebook_endpoint()
+        env = ensure_env(spec.python_packages, Path(self.env_root))
+        node_addr = "$(scontrol show node \"$SLURMD_NODENAME\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')"
+        server = JobSpec(
+            key=spec.key,
+            workspace=spec.workspace,
+            name=spec.name,
+            command=server_command(env, spec, ip=f'"{node_addr}"', port="$MASTER_PORT"),
+            work_dir=spec.work_dir,
+            env=server_env(spec),
+            devices=[spec.devices],
+            cpu_cores=spec.cpu_cores,
+            memory_gb=spec.memory_gb,
+        )
+        self.start(server)
+        self._state["kind"] = "notebook"
+        self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
+        endpoint = self._notebook_endpoint()
+        try:
+            wait_answering(
+                f"{endpoint.url}{spec.base_url}api",
+                alive=lambda: self._live_state() is not None,
+                log_tail=lambda: " | ".join(self.logs(0)[0].decode(errors="replace").strip().splitlines()[-5:]),
+                timeout_s=self.notebook_start_timeout_s,
+            )
+        except BackendError:
+            self.stop(0.0)
+            raise
+        return endpoint
+
+    def _notebook_endpoint(self) -> Endpoint:
+        addr, port = self._state.get("node_addr") or "127.0.0.1", master_port(self._state["job_id"])
+        return Endpoint(addr, port, url=f"http://{addr}:{port}")
+
+    def _node_addr(self, node: str) -> str:
+        out = self._run([self.scontrol_path, "show", "node", node])
+        match = re.search(r"NodeAddr=(\S+)", out)
+        return match.group(1) if match else node
 
     def _script(self, spec: JobSpec, job_dir: Path) -> str:
         env = {

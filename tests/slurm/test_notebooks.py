@@ -1,0 +1,61 @@
+"""An instance and a notebook launched through the API on the real Slurm cluster: the instance
+is a batch job holding its GPU, the notebook a batch job running Jupyter, reached through the
+same proxy as local notebooks, with the same auth; deleting them leaves nothing in squeue."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import requests
+from rest_framework.authtoken.models import Token
+
+from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.compute.models import Instance, Notebook
+from apps.inventory.actions import do_register_cluster
+from tests.personas import World
+from tests.proxy import Proxy
+from tests.slurm.conftest import squeue
+
+
+def _token(user: Any) -> str:
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+def test_instance_and_notebook_run_as_slurm_jobs(proxy: Proxy, tx_world: World) -> None:
+    do_register_cluster("slurm", kind="slurm", connection={"partition": "gpu"}, acting_user=tx_world.admin)
+    NotebookProfile.objects.create(name="kernel-only", image="quay.io/jupyter/base-notebook", published=True)
+    # Slurm's simulated nodes are small: 1 GPU, 1 core, 1 GB.
+    ComputeProfile.objects.create(
+        name="gpu-small", gpu_type="h100", gpu_count=Decimal(1), cpu_cores=1, memory_gb=1, published=True
+    )
+    client = tx_world.client(tx_world.alice)
+    body = {"workspace": "team-a", "name": "on-slurm", "profile": "gpu-small", "cluster": "slurm"}
+    response = client.post("/api/v1/instances/", body, format="json")
+    assert response.status_code == 201, response.content
+    instance = Instance.objects.get(pk=response.json()["id"])
+    assert instance.state == Instance.State.RUNNING, instance.failure_reason
+    assert instance.cluster is not None and instance.cluster.name == "slurm"
+    holder = instance.backend_state["run"]["job_id"]
+    assert "RUNNING" in squeue(holder)
+
+    body = {"workspace": "team-a", "name": "lab", "instance": instance.pk, "profile": "kernel-only"}
+    response = client.post("/api/v1/notebooks/", body, format="json")
+    assert response.status_code == 201, response.content
+    notebook = Notebook.objects.get(pk=response.json()["id"])
+    assert notebook.state == Notebook.State.READY, notebook.failure_reason
+    server = notebook.backend_state["run"]["job_id"]
+    assert "RUNNING" in squeue(server)
+
+    status = f"{proxy.url}{notebook.url}api/status"
+    assert requests.get(status, headers={"Authorization": f"Token {_token(tx_world.bob)}"}, timeout=10).ok
+    charlie = {"Authorization": f"Token {_token(tx_world.charlie)}"}
+    assert requests.get(status, headers=charlie, timeout=10).status_code == 403
+
+    response = client.delete(f"/api/v1/instances/{instance.pk}/")
+    assert response.status_code in (200, 204), response.content
+    instance.refresh_from_db()
+    notebook.refresh_from_db()
+    assert (instance.state, notebook.state) == (Instance.State.DELETED, Notebook.State.STOPPED)
+    assert squeue(holder) == "" and squeue(server) == ""
+    assert all("portal_notebook" not in route for route in proxy.routes().values())

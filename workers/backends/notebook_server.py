@@ -1,0 +1,61 @@
+"""What the local and Slurm backends run for a notebook: a Jupyter server from the profile's
+environment, under the proxy's base URL, letting in whom the portal allows (see workers/notebook)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from workers.backends.base import BackendError, NotebookSpec
+
+# Where portal_identity.py lives: put on the server's PYTHONPATH.
+IDENTITY_MODULES = Path(__file__).resolve().parent.parent / "notebook"
+
+
+def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> str:
+    """The shell command that runs the server. ``ip`` and ``port`` are shell words, so that a
+    batch script can expand them on the node it lands on (``$MASTER_PORT``)."""
+    args = [
+        shlex.quote(f"{env_dir}/bin/python"),
+        "-m",
+        "jupyter_server",
+        f"--ip={ip}",
+        f"--port={port}",
+        "--no-browser",
+        shlex.quote(f"--ServerApp.base_url={spec.base_url}"),
+        shlex.quote(f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}"),
+        # Bound to the node behind the portal's proxy, which keeps the browser's Host header.
+        "--ServerApp.allow_remote_access=True",
+        "--ServerApp.identity_provider_class=portal_identity.PortalIdentityProvider",
+        shlex.quote(f"--PortalIdentityProvider.portal_auth_url={spec.auth_url}"),
+    ]
+    if os.geteuid() == 0:  # containers and CI often run as root; Jupyter refuses that by default
+        args.append("--allow-root")
+    return "exec " + " ".join(args)
+
+
+def server_env(spec: NotebookSpec) -> dict[str, str]:
+    return {"JUPYTER_TOKEN": spec.token, "PYTHONPATH": str(IDENTITY_MODULES)}
+
+
+def wait_answering(url: str, *, alive: Callable[[], bool], log_tail: Callable[[], str], timeout_s: float) -> None:
+    """Return once ``url`` (the server's unauthenticated ``api`` endpoint) answers 200.
+
+    ``BackendError`` (transient) if the server exits first, with its last log lines, or does not
+    answer within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise BackendError(f"the notebook server exited: {log_tail()}", permanent=False)
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise BackendError(f"the notebook server did not answer within {timeout_s:g}s", permanent=False)
