@@ -149,6 +149,8 @@ def discover_cluster(cluster: Cluster) -> Discovered:
     """Ask a cluster's backend for its nodes and GPUs: for Slurm, the nodes of the partition named in
     ``cluster.connection`` (``scontrol show node``). Writes nothing, so it is called outside any
     transaction. ``ClusterUnavailable`` when the cluster does not answer."""
+    if cluster.kind == Cluster.Kind.LOCAL:
+        raise ActionError("This machine is the cluster 'local': sync_inventory discovers it.", field="kind")
     try:
         backend = backend_for(cluster)
     except BackendError:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from apps.api.errors import ActionError
 from apps.audit.models import AuditEvent
 from apps.inventory.actions import do_discover_cluster, do_register_cluster, do_save_cluster
 from apps.inventory.discovery import slurm_node_state
@@ -90,6 +91,9 @@ def test_it_names_the_partitions_slurm_has_when_the_asked_one_has_no_nodes(db: N
 def test_it_refuses_to_turn_a_cluster_into_another_kind(world: World) -> None:
     with pytest.raises(CommandError, match="^Cluster local is a local cluster, not slurm.$"):
         call_command("register_cluster", "local")
+    with pytest.raises(ActionError, match="^This machine is the cluster 'local': sync_inventory discovers it.$"):
+        do_register_cluster("here", kind="local", connection={})
+    assert list(Cluster.objects.values_list("name", "kind")) == [("local", "local")]
 
 
 def test_an_admin_discovers_a_slurm_cluster_registered_through_the_api(world: World, monkeypatch: Any) -> None:
