@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from apps.inventory.actions import do_register_cluster, do_save_cluster
+from apps.inventory.actions import do_register_cluster
 from apps.inventory.models import Cluster
 from apps.jobs.models import Job
 from apps.jobs.running import reconcile_jobs
@@ -106,11 +106,10 @@ class Portal:
 def portal(
     world: World, slurm: Cluster, settings: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any
 ) -> Iterator[Portal]:
-    """Slurm is the only enabled cluster; jobs start as soon as they are admitted. Afterwards every
-    Slurm job a test left behind is cancelled."""
+    """Jobs start as soon as they are admitted, on Slurm (the 'local' cluster has room too, and would
+    be tried first were they not sent to Slurm). Afterwards every Slurm job a test left is cancelled."""
     settings.PORTAL_WORKLOAD_TRIGGER = "inline"
     settings.PORTAL_WORK_DIR = tmp_path / "work"
-    do_save_cluster(Cluster.objects.get(name="local"), {"enabled": False}, acting_user=world.admin)
     yield Portal(world.client(world.alice), django_capture_on_commit_callbacks)
     left = [slurm_id(pk) for pk in Job.objects.values_list("pk", flat=True)]
     if any(left):

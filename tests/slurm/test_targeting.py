@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from apps.api.errors import ActionError
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.inventory.models import Allocation, Cluster
@@ -57,7 +58,7 @@ def test_it_refuses_a_disabled_cluster(world: World, slurm: Cluster) -> None:
     do_save_cluster(slurm, {"enabled": False}, acting_user=world.admin)
 
     assert field_error(submit(world, cluster="slurm"), 400) == ("cluster", "Cluster slurm is disabled.")
-    with pytest.raises(Exception, match="Cluster slurm is disabled."):  # the action checks it too
+    with pytest.raises(ActionError, match="^Cluster slurm is disabled.$"):  # the action checks it too
         check_submit_job(world.team_a, name="t", command="c", requested_cluster=slurm, acting_user=world.alice)
 
 
@@ -98,7 +99,6 @@ def test_it_keeps_the_request_when_the_job_goes_back_in_line(world: World, slurm
         world.team_a, name="t", command="c", gpu_type="h100", gpus_per_replica=Decimal(1), memory_gb=1,
         requested_cluster=slurm, acting_user=world.alice,
     )  # fmt: skip
-    do_save_cluster(Cluster.objects.get(name="local"), {"enabled": False}, acting_user=world.admin)
     for requeue in (
         lambda: do_preempt_job(job, reason="make room"),
         lambda: do_requeue_unready_job(job, timeout_s=60, backoff_s=0),
@@ -113,20 +113,31 @@ def test_it_keeps_the_request_when_the_job_goes_back_in_line(world: World, slurm
         assert pending.cluster == "slurm"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine places a pending workload in any cluster's pool of its GPU type: Engine._try_place "
-    "(apps/scheduling/engine.py) does not yet restrict it to Workload.cluster",
-)
 def test_it_places_a_job_on_the_cluster_it_names(world: World, slurm: Cluster) -> None:
-    """Both clusters have room; the job must go where it asked."""
-    job = check_submit_job(
-        world.team_a, name="t", command="c", gpu_type="h100", gpus_per_replica=Decimal(1), memory_gb=1,
-        requested_cluster=slurm, acting_user=world.alice,
+    """Both clusters have room, and 'local' comes first: each job goes where it asked."""
+    jobs = [
+        check_submit_job(
+            world.team_a,
+            name=f"t-{gpus}",
+            command="c",
+            gpu_type="h100" if gpus else "",
+            gpus_per_replica=Decimal(gpus),
+            memory_gb=1,
+            requested_cluster=slurm,
+            acting_user=world.alice,
+        )  # fmt: skip
+        for gpus in (1, 0)
+    ]
+    anywhere = check_submit_job(
+        world.team_a, name="anywhere", command="c", gpu_type="h100", gpus_per_replica=Decimal(1),
+        acting_user=world.alice,
     )  # fmt: skip
 
     run_cycle()
 
-    job.refresh_from_db()
-    assert job.cluster == slurm
-    assert {a.gpu.node.pool.cluster for a in Allocation.objects.filter(job=job)} == {slurm}
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.state, job.cluster) == (Job.State.ADMITTED, slurm)
+    assert {a.gpu.node.pool.cluster for a in Allocation.objects.filter(job=jobs[0])} == {slurm}
+    anywhere.refresh_from_db()
+    assert anywhere.cluster is not None and anywhere.cluster.name == "local"
