@@ -436,7 +436,7 @@ def reconcile_compute() -> dict[str, int]:
         counts["routes_removed"] = _remove_stale_routes()
     except proxy.ProxyError:
         logger.warning("could not read the notebook proxy's routes", exc_info=True)
-    counts["orphans_stopped"] = sweep_local_orphans()
+    counts["orphans_stopped"] = sweep_orphans()
     return counts
 
 
@@ -469,35 +469,43 @@ def _remove_stale_routes() -> int:
     return removed
 
 
-def sweep_local_orphans() -> int:
-    """Stop processes of this portal's local backend that belong to no live workload: what a
-    worker killed between starting them and recording them left behind."""
+def sweep_orphans() -> int:
+    """Stop what a worker killed between starting a workload and recording it left behind: local
+    process groups and Slurm jobs of this portal that no live workload recorded and none is
+    starting right now. Returns how many were stopped."""
     from apps.jobs.models import Job
-    from workers.backends.local import sweep_orphans
+    from workers.backends import local, slurm
 
-    live: set[str] = set()
-    for model, prefix, states in (
-        (Job, "job", Job.ACTIVE_STATES),
-        (Instance, "instance", Instance.LIVE_STATES),
-        (Notebook, "notebook", Notebook.LIVE_STATES),
+    owner = str(settings.PORTAL_WORK_DIR)
+    timeout = float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600
+    recorded: list[dict[str, Any]] = []
+    starting: set[str] = {
+        f"job-{pk}" for pk in Job.objects.filter(state=Job.State.ADMITTED).values_list("pk", flat=True)
+    }
+    for model, prefix, states, cluster in (
+        (Job, "job", Job.ACTIVE_STATES, "cluster"),
+        (Instance, "instance", Instance.LIVE_STATES, "cluster"),
+        (Notebook, "notebook", Notebook.LIVE_STATES, "instance__cluster"),
     ):
-        live.update(f"{prefix}-{pk}" for pk in model.objects.filter(state__in=states).values_list("pk", flat=True))
-    return len(sweep_orphans(str(settings.PORTAL_WORK_DIR), keep=live))
-
-
-def stop_local_compute() -> int:
-    """Stop the processes of every instance and notebook on this machine, keeping their rows
-    running: the embedded portal's shutdown. At the next start, reconcile starts them again."""
-    stopped = 0
-    for model in (Notebook, Instance):
-        cluster = "instance__cluster" if model is Notebook else "cluster"
-        rows = model.objects.filter(**{f"{cluster}__kind": "local", "backend_state__has_key": "run"})
-        for pk in rows.values_list("pk", flat=True):
-            with transaction.atomic():
-                row = model.objects.select_for_update(of=("self",)).select_related(cluster).get(pk=pk)
-                owner = row.instance.cluster if isinstance(row, Notebook) else row.cluster
-                _stop_quietly(_backend(owner, row.backend_state), f"{model.__name__} {pk}")
-                row.backend_state = _without(row.backend_state, "run")
-                row.save(update_fields=["backend_state"])
-                stopped += 1
+        rows = model.objects.filter(state__in=states).values_list("pk", "backend_state", f"{cluster}__kind")
+        for pk, state, kind in rows:
+            if state.get("run"):
+                recorded.append({**state["run"], "cluster_kind": kind})
+            if _claim_live(state.get("starting"), timeout):
+                starting.add(f"{prefix}-{pk}")
+    local_runs = [run for run in recorded if run["cluster_kind"] == "local"]
+    pids = {int(replica["pid"]) for run in local_runs for replica in run.get("replicas", [])}
+    stopped = len(local.sweep_orphans(owner, keep_pids=pids, keep_keys=starting))
+    if any(run["cluster_kind"] == "slurm" for run in recorded) or _slurm_registered():
+        slurm_ids = {str(run.get("job_id")) for run in recorded if run["cluster_kind"] == "slurm"}
+        try:
+            stopped += len(slurm.sweep_orphans(owner, keep_ids=slurm_ids, keep_keys=starting))
+        except BackendError:
+            logger.warning("could not look for orphaned Slurm jobs", exc_info=True)
     return stopped
+
+
+def _slurm_registered() -> bool:
+    from apps.inventory.models import Cluster
+
+    return Cluster.objects.filter(kind="slurm", enabled=True).exists()

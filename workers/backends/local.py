@@ -504,27 +504,25 @@ def _iter_stats() -> Iterator[_Stat]:
                 yield stat
 
 
-def sweep_orphans(owner: str, keep: set[str]) -> list[str]:
+def sweep_orphans(owner: str, *, keep_pids: set[int], keep_keys: set[str]) -> list[str]:
     """Kill the process groups this backend started for ``owner`` (the portal's work directory)
-    whose workload key is not in ``keep``: what a worker that died between starting processes
-    and recording them left behind. Returns the keys stopped."""
+    that no workload recorded: what a worker that died between starting processes and recording
+    them left behind. A group is kept when its leader's pid is recorded (``keep_pids``) or its
+    workload is being started right now (``keep_keys``). Returns the keys of the groups killed."""
     stopped = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) in keep_pids:
             continue
         try:
             cmdline = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
             if len(cmdline) < 4 or cmdline[3] != b"portal-job":
                 continue
-            environ = dict(
-                item.split(b"=", 1)
-                for item in Path("/proc", entry, "environ").read_bytes().split(b"\0")
-                if b"=" in item
-            )
+            raw = Path("/proc", entry, "environ").read_bytes().split(b"\0")
+            environ = dict(item.split(b"=", 1) for item in raw if b"=" in item)
         except OSError:
             continue
         key = environ.get(b"PORTAL_JOB_KEY", b"").decode(errors="replace")
-        if not owner or environ.get(b"PORTAL_OWNER", b"").decode(errors="replace") != owner or key in keep:
+        if not owner or environ.get(b"PORTAL_OWNER", b"").decode(errors="replace") != owner or key in keep_keys:
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group

@@ -202,6 +202,7 @@ class SlurmBackend(Backend):
         sacct_retry_delay_s: float = 0.25,
         env_root: str = "",
         notebook_start_timeout_s: float = 60.0,
+        owner: str = "gpuportal",
     ) -> None:
         self.partition = partition
         self.start_timeout_s = start_timeout_s
@@ -214,6 +215,7 @@ class SlurmBackend(Backend):
         self.sacct_retries = sacct_retries
         self.sacct_retry_delay_s = sacct_retry_delay_s
         self.env_root = env_root
+        self.owner = owner
         self.notebook_start_timeout_s = notebook_start_timeout_s
         self._state: dict[str, Any] = {}
 
@@ -283,6 +285,7 @@ class SlurmBackend(Backend):
             str(internal / "batch.log"),
             f"--chdir={job_dir}",
             "--export=NONE",
+            f"--comment={self.owner}",
         ]
         if gpus:
             argv.append(f"--gres=gpu:{gpus}")
@@ -546,6 +549,23 @@ class SlurmBackend(Backend):
         out = self._run([self.scontrol_path, "show", "node", "-o"])
         lines = [line for line in out.splitlines() if _in_partition(line, self.partition)]
         return parse_nodes("\n".join(lines))
+
+
+def sweep_orphans(owner: str, *, keep_ids: set[str], keep_keys: set[str], squeue: str = "squeue",
+                  scancel: str = "scancel") -> list[str]:  # fmt: skip
+    """Cancel the Slurm jobs submitted for ``owner`` (their comment) that no workload recorded:
+    what a worker that died between ``sbatch`` and recording the job id left behind. A job is
+    kept when its id is recorded (``keep_ids``) or its workload is being started right now
+    (``keep_keys``, matched against the job name). Returns the ids cancelled."""
+    out = run_command([squeue, "-h", "-o", "%i|%j|%k"])
+    orphans = []
+    for line in out.splitlines():
+        job_id, name, comment = (line.strip().split("|", 2) + ["", ""])[:3]
+        if comment == owner and job_id.isdigit() and job_id not in keep_ids and name not in keep_keys:
+            orphans.append(job_id)
+    if orphans:
+        run_command([scancel, *orphans])
+    return orphans
 
 
 def _in_partition(line: str, partition: str) -> bool:
