@@ -34,7 +34,8 @@ ensure_venv() {
   want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "Installing the pinned requirements..."
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt"
+    # From the repository root: requirements.txt names the SDK by its relative path (-e ./sdk).
+    (cd "$ROOT" && "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt)
     echo "$want" > "$stamp"
   fi
 }

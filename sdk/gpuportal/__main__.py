@@ -1,0 +1,5 @@
+"""`python -m gpuportal` runs the command line."""
+
+from gpuportal.cli import main
+
+main()

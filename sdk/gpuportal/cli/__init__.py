@@ -1,0 +1,11 @@
+"""The `gpuportal` command line."""
+
+from gpuportal.cli import jobs, resources  # noqa: F401 - registers the commands
+from gpuportal.cli.app import cli
+
+
+def main() -> None:
+    cli(prog_name="gpuportal")
+
+
+__all__ = ["cli", "main"]

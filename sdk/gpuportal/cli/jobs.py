@@ -1,0 +1,243 @@
+"""Job commands: submit, ls, queue, status, logs, wait, cancel, artifacts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gpuportal.cli.app import (
+    EXIT_CANCELLED,
+    EXIT_USAGE,
+    cli,
+    examples,
+    fail,
+    job_exit_code,
+    job_line,
+    job_progress,
+    json_option,
+    portal,
+    print_details,
+    print_json,
+    print_models,
+    print_table,
+    workspace_option,
+)
+from gpuportal.client import Client
+from gpuportal.errors import SpecError
+from gpuportal.models import Job, fmt_when
+from gpuportal.spec import JobSpec
+
+JOB_ID = click.argument("job_id", metavar="JOB", type=int)
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SpecError(f"{pair!r}: write NAME=VALUE", field="env")
+        env[name] = value
+    return env
+
+
+@cli.command(epilog=examples(
+    "gpuportal submit job.yaml",
+    "gpuportal submit job.yaml --wait            # exit code is the job's",
+    "gpuportal submit job.yaml --wait --logs     # and print its log as it runs",
+    "gpuportal submit --name hello --command 'nvidia-smi' --gpus 1 -w demo-team",
+    "gpuportal submit --script train.sh --gpus 2 --replicas 4 -e EPOCHS=10 -a out/",
+    "JOB=$(gpuportal submit -q job.yaml) && gpuportal wait $JOB",
+))  # fmt: skip
+@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Job name (default: the spec or script file's name).")
+@workspace_option
+@click.option("-c", "--command", help="Shell command to run (instead of the spec's).")
+@click.option("--script", type=click.Path(dir_okay=False, path_type=Path), help="Bash script to run.")
+@click.option("--image", help="Container image, where the cluster runs images.")
+@click.option("-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeat).")
+@click.option("--gpus", help="GPUs per replica: 1, 8, or 0.25 for a share of one.")
+@click.option("--gpu-type", help="GPU type (default: the workspace's only type).")
+@click.option("--replicas", type=int, help="Replicas, started together as a gang.")
+@click.option("--priority", type=int, help="Priority within the workspace (-1000 to 1000).")
+@click.option("--max-runtime", help="Runtime limit: seconds, or 30m, 2h, 1d.")
+@click.option("--cluster", help="The cluster it must run on (default: any).")
+@click.option("-a", "--artifact", "artifacts", multiple=True, help="Path to keep as an artifact (repeat).")
+@click.option("--wait", "wait_", is_flag=True, help="Follow the job to its end; exit with its code.")
+@click.option("--logs", is_flag=True, help="With --wait: print replica 0's log as it runs.")
+@click.option("--timeout", type=float, help="With --wait: give up after this many seconds (exit 124).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job's id.")
+@json_option
+def submit(
+    spec: Path | None,
+    env_pairs: tuple[str, ...],
+    artifacts: tuple[str, ...],
+    wait_: bool,
+    logs: bool,
+    timeout: float | None,
+    quiet: bool,
+    as_json: bool,
+    **overrides: str | int | Path | None,
+) -> None:
+    """Submit a job from a YAML spec file, from options, or both (options win).
+
+    The spec sets name, workspace, command or script, env, gpus (per replica), gpu_type,
+    replicas, priority, max_runtime and artifacts; see docs/cli.md.
+    """
+    if spec is None and not any(overrides.get(k) for k in ("command", "script", "image")):
+        fail("Give a job spec file, or --command, --script or --image.", EXIT_USAGE)
+    job_spec = JobSpec.load(spec, **{k: str(v) if isinstance(v, Path) else v for k, v in overrides.items()})
+    job_spec.env.update(_parse_env(env_pairs))
+    job_spec.artifacts.extend(a for a in artifacts if a not in job_spec.artifacts)
+    client = portal()
+    job = client.jobs.submit(job_spec)
+    if as_json and not wait_:
+        print_json(job.data)
+    elif quiet:
+        click.echo(job.id)
+    else:
+        click.echo(f"Submitted job {job.id} ({job.name}) to workspace {job.workspace}.", err=wait_)
+    if wait_:
+        _follow(client, job, logs=logs, timeout=timeout, as_json=as_json)
+
+
+def _follow(client: Client, job: Job, *, logs: bool, timeout: float | None, as_json: bool) -> None:
+    """Wait for the job's end with a progress display (or its log), then exit with its code."""
+    progress = job_progress()
+    try:
+        if logs:
+            progress.live = False  # state changes as lines between the log's
+            progress(job)
+            for text in client.jobs.stream_logs(job.id, timeout=timeout):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        job = client.jobs.wait(job.id, timeout=timeout, on_update=progress)
+    except KeyboardInterrupt:
+        progress.close()
+        fail(f"Stopped waiting; job {job.id} goes on (`gpuportal cancel {job.id}` stops it).", EXIT_CANCELLED)
+    finally:
+        progress.close()
+    if as_json:
+        print_json(job.data)
+    raise click.exceptions.Exit(job_exit_code(job))
+
+
+@cli.command("ls", epilog=examples(
+    "gpuportal ls",
+    "gpuportal ls -w demo-team --state RUNNING --state QUEUED",
+    "gpuportal ls --json -n 100",
+))  # fmt: skip
+@workspace_option
+@click.option("--state", "states", multiple=True, help="Only jobs in this state (repeat).")
+@click.option("-n", "--limit", default=20, show_default=True, help="How many of the newest jobs.")
+@json_option
+def list_jobs(workspace: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """List jobs, newest first."""
+    print_models(portal().jobs.list(workspace, list(states) or None, limit=limit), as_json)
+
+
+@cli.command(epilog=examples("gpuportal queue", "gpuportal queue -w demo-team --json"))
+@workspace_option
+@json_option
+def queue(workspace: str | None, as_json: bool) -> None:
+    """Queued jobs in the cluster's order: position, why each waits, and its estimated start."""
+    jobs = portal().jobs.queue(workspace)
+    if as_json:
+        print_json([job.data for job in jobs])
+        return
+    rows = [
+        {
+            "Pos": str(job.queue_info.cluster_position or ""),
+            "In workspace": str(job.queue_info.position or ""),
+            "ID": str(job.id),
+            "Name": job.name,
+            "Workspace": job.workspace,
+            "GPUs": job.gpus,
+            "Estimated start": fmt_when(job.queue_info.estimated_start_at),
+            "Waiting because": job.queue_info.reason,
+        }
+        for job in jobs
+    ]
+    print_table(rows)
+
+
+@cli.command(epilog=examples("gpuportal status 12", "gpuportal status 12 --json"))
+@JOB_ID
+@json_option
+def status(job_id: int, as_json: bool) -> None:
+    """Show one job: state, queue position and reason while it waits, exit code once it ended."""
+    print_details(portal().jobs.get(job_id), as_json)
+
+
+@cli.command(epilog=examples("gpuportal logs 12", "gpuportal logs -f 12", "gpuportal logs 12 --replica 3"))
+@JOB_ID
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
+@click.option("-r", "--replica", default=0, show_default=True, help="Which replica of a gang.")
+def logs(job_id: int, follow: bool, replica: int) -> None:
+    """Print a job's log (stdout and stderr of one replica)."""
+    try:
+        for text in portal().jobs.stream_logs(job_id, replica=replica, follow=follow):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(EXIT_CANCELLED) from None
+
+
+@cli.command(epilog=examples(
+    "gpuportal wait 12",
+    "gpuportal wait 12 --timeout 3600 || echo 'failed or still running'",
+))  # fmt: skip
+@JOB_ID
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124; the job goes on).")
+@click.option("--logs", is_flag=True, help="Print replica 0's log while waiting.")
+@json_option
+def wait(job_id: int, timeout: float | None, logs: bool, as_json: bool) -> None:
+    """Wait for a job to end, showing its queue position, then its running time. The exit code is
+    the job's: 0 on success, its own code on failure, 130 if cancelled, 124 on a timeout."""
+    client = portal()
+    _follow(client, client.jobs.get(job_id), logs=logs, timeout=timeout, as_json=as_json)
+
+
+@cli.command(epilog=examples("gpuportal cancel 12", "gpuportal cancel 12 13 14"))
+@click.argument("job_ids", metavar="JOB...", type=int, nargs=-1, required=True)
+def cancel(job_ids: tuple[int, ...]) -> None:
+    """Cancel queued or running jobs; their GPUs are released at once."""
+    client = portal()
+    for job_id in job_ids:
+        job = client.jobs.cancel(job_id)
+        click.echo(job_line(job, timer=False))
+
+
+@cli.group(epilog=examples("gpuportal artifacts ls 12", "gpuportal artifacts get 12 -o results/"))
+def artifacts() -> None:
+    """A job's artifacts: the files under its artifact paths, recorded when it ended."""
+
+
+@artifacts.command("ls", epilog=examples("gpuportal artifacts ls 12", "gpuportal artifacts ls 12 --json"))
+@JOB_ID
+@json_option
+def list_artifacts(job_id: int, as_json: bool) -> None:
+    """List a job's artifacts with their size and sha256."""
+    job = portal().jobs.get(job_id)
+    if as_json:
+        print_json(job.data.get("artifacts", []))
+        return
+    print_table([{"Path": a.path, "Bytes": str(a.size_bytes), "SHA256": a.sha256} for a in job.artifacts])
+
+
+@artifacts.command("get", epilog=examples(
+    "gpuportal artifacts get 12                 # all, into the current folder",
+    "gpuportal artifacts get 12 out/model.pt -o results/",
+))  # fmt: skip
+@JOB_ID
+@click.argument("paths", nargs=-1)
+@click.option("-o", "--output", "dest", default=".", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to save into (created if needed).")  # fmt: skip
+def get_artifacts(job_id: int, paths: tuple[str, ...], dest: Path) -> None:
+    """Download a job's artifacts (all, or those under PATHS), checked against their sha256."""
+    saved = portal().jobs.download_artifacts(job_id, dest, paths=list(paths) or None)
+    for path in saved:
+        click.echo(str(path))
+    if not saved:
+        click.echo(f"Job {job_id} has no artifacts.", err=True)

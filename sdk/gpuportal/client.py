@@ -1,0 +1,198 @@
+"""The client: one HTTP session to a portal, with its resources as attributes.
+
+portal = Client("http://127.0.0.1:8000", token="...")   # or Client.from_env()
+portal.jobs.submit("job.yaml").wait()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from gpuportal import __version__, config
+from gpuportal.errors import AuthenticationError, ConfigError, PortalUnreachable, error_for
+from gpuportal.models import User
+from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+RETRY_STATUSES = frozenset({502, 503, 504})
+RETRIES = 3
+
+
+class Client:
+    """A connection to one portal, authenticated by an API token.
+
+    Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks`` and ``jobs``. Errors
+    are raised as the typed exceptions of ``gpuportal.errors``, with the portal's message.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        workspace: str | None = None,
+        timeout: float = 30.0,
+        verify: bool | str = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not url or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"The portal URL should start with http:// or https://, not {url!r}.")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.workspace = workspace
+        headers = {"User-Agent": f"gpuportal/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Token {token}"
+        self._http = httpx.Client(
+            base_url=f"{self.url}/api/v1/", headers=headers, timeout=timeout, verify=verify, transport=transport
+        )
+        self._private_workspace: str | None = None
+        self.workspaces = Workspaces(self)
+        self.profiles = Profiles(self)
+        self.instances = Instances(self)
+        self.notebooks = Notebooks(self)
+        self.jobs = Jobs(self)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Client:
+        """From ``GPUPORTAL_URL``, ``GPUPORTAL_TOKEN`` (and ``GPUPORTAL_WORKSPACE``); what they leave
+        out comes from the configuration file that ``gpuportal login`` writes."""
+        return cls._from(config.resolve(), "Set GPUPORTAL_URL and GPUPORTAL_TOKEN, or run `gpuportal login`.", kwargs)
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> Client:
+        """From the configuration file only (``~/.config/gpuportal/config.yaml`` unless `path`)."""
+        file = Path(path).expanduser() if path else config.config_path()
+        return cls._from(config.read_file(file), f"{file} has no url and token: run `gpuportal login`.", kwargs)
+
+    @classmethod
+    def _from(cls, conf: config.Config, hint: str, kwargs: dict[str, Any]) -> Client:
+        if not conf.url or not conf.token:
+            missing = " and ".join(name for name in ("url", "token") if not getattr(conf, name))
+            raise ConfigError(f"No portal {missing} configured. {hint}")
+        kwargs.setdefault("workspace", conf.workspace)
+        return cls(conf.url, conf.token, **kwargs)
+
+    @classmethod
+    def login(cls, url: str, username: str, password: str, **kwargs: Any) -> Client:
+        """Exchange a username and password for a token (the portal's token endpoint) and connect."""
+        anonymous = cls(url, **{k: v for k, v in kwargs.items() if k != "workspace"})
+        try:
+            answer = anonymous.request("POST", "auth/token/", json={"username": username, "password": password})
+        finally:
+            anonymous.close()
+        return cls(url, str(answer["token"]), **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<gpuportal.Client {self.url}>"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def me(self) -> User:
+        """Who the token belongs to, and the workspaces it can use."""
+        return User.from_api(self.request("GET", "me/"), self)
+
+    def default_workspace(self) -> str:
+        """The workspace used where none is named: the configured one, else your private one."""
+        if self.workspace:
+            return self.workspace
+        if self._private_workspace is None:
+            self._private_workspace = self.me().private_workspace
+        return self._private_workspace
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None) -> Any:
+        """Send one API request (`path` relative to ``/api/v1/``); the decoded JSON answer, or None."""
+        response = self._send(method, path, params=params, json=json)
+        if not response.content:
+            return None
+        return response.json()
+
+    def paginate(self, path: str, params: dict[str, Any] | None = None, limit: int | None = None) -> Iterator[Any]:
+        """Every item of a list endpoint, page after page, up to `limit` items."""
+        query = dict(params or {})
+        query["page_size"] = min(limit, 500) if limit else 500
+        page = 1
+        count = 0
+        while True:
+            answer = self.request("GET", path, params={**query, "page": page})
+            for item in answer["results"]:
+                yield item
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+            if not answer.get("next"):
+                return
+            page += 1
+
+    def download(self, path: str, params: dict[str, Any], handle: Any) -> int:
+        """Stream a download into the binary file `handle` (rewritten on a retry); returns its size."""
+        for attempt in range(RETRIES):
+            try:
+                return self._stream_into(path, params, handle)
+            except httpx.TransportError as exc:
+                if attempt == RETRIES - 1:
+                    raise self._unreachable(exc) from None
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _stream_into(self, path: str, params: dict[str, Any], handle: Any) -> int:
+        with self._http.stream("GET", path, params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._raise_for(response)
+            handle.seek(0)
+            handle.truncate()
+            written = 0
+            for chunk in response.iter_bytes(1 << 20):
+                handle.write(chunk)
+                written += len(chunk)
+            return written
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        method = method.upper()
+        for attempt in range(RETRIES):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                # Only a request that surely never arrived may be sent again if it is not idempotent.
+                if attempt == RETRIES - 1 or (method not in IDEMPOTENT and not isinstance(exc, httpx.ConnectError)):
+                    raise self._unreachable(exc) from None
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUSES or method not in IDEMPOTENT or attempt == RETRIES - 1:
+                    self._raise_for(response)
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _raise_for(self, response: httpx.Response) -> None:
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        error = error_for(response.status_code, body, response.text if body is None else "")
+        if isinstance(error, AuthenticationError) and not self.token and "auth/token/" not in str(response.url):
+            error.message = f"{error.message} Run `gpuportal login`, or set GPUPORTAL_TOKEN."
+            error.args = (error.message,)
+        raise error
+
+    def _unreachable(self, exc: httpx.TransportError) -> PortalUnreachable:
+        reason = str(exc) or type(exc).__name__
+        return PortalUnreachable(f"Cannot reach the portal at {self.url}: {reason}.")
