@@ -27,6 +27,13 @@ def _scheduler_runs_inline(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_reconcile_backoff() -> None:
+    from apps.scheduling.backoff import RECONCILE
+
+    RECONCILE.reset()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
     """The personas' passwords need not resist cracking here; PBKDF2 would dominate each test's setup."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -32,6 +32,7 @@ from apps.audit.actions import do_log_event
 from apps.compute import proxy
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
+from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
 from workers.backends.base import Backend, BackendError, InstanceSpec, NotebookSpec, PolicyRefusal
@@ -426,12 +427,16 @@ def reconcile_compute() -> dict[str, int]:
         (converge_notebook, "notebooks", list(notebooks)),
     ):
         for pk in ids:
+            if not RECONCILE.due(name[:-1], pk):
+                continue
             try:
                 _converge_or_dispatch(converge, name[:-1], pk)
                 counts[name] += 1
-            except Exception:  # per object: one broken workload must not wedge the loop
+                RECONCILE.succeeded(name[:-1], pk)
+            except Exception:  # per object, with backoff: one broken workload must not wedge the loop
                 counts["failed"] += 1
-                logger.exception("reconcile of %s %s failed; retrying next cycle", name[:-1], pk)
+                delay = RECONCILE.failed(name[:-1], pk)
+                logger.exception("reconcile of %s %s failed; retrying in %.0f s", name[:-1], pk, delay)
     try:
         counts["routes_removed"] = _remove_stale_routes()
     except proxy.ProxyError:

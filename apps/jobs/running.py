@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.audit.actions import do_log_event
 from apps.inventory.models import Allocation
 from apps.jobs.models import Artifact, Job, JobAttempt
+from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
 from workers.backends.base import Backend, BackendError, JobSpec, PolicyRefusal
@@ -185,12 +186,16 @@ def reconcile_jobs() -> dict[str, int]:
         (do_sync_job, "synced", live.values_list("pk", flat=True)),
     ):
         for job_id in ids:
+            if not RECONCILE.due("job", job_id):
+                continue
             try:
                 action(job_id)
                 counts[name] += 1
-            except Exception:  # per object: one broken job must not wedge the loop
+                RECONCILE.succeeded("job", job_id)
+            except Exception:  # per object, with backoff: one broken job must not wedge the loop
                 counts["failed"] += 1
-                logger.exception("reconcile of job %s failed; retrying next cycle", job_id)
+                delay = RECONCILE.failed("job", job_id)
+                logger.exception("reconcile of job %s failed; retrying in %.0f s", job_id, delay)
     return counts
 
 
