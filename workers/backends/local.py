@@ -37,7 +37,7 @@ from workers.backends.base import (
     Spec,
     Status,
 )
-from workers.backends.notebook_server import server_command, server_env, wait_answering
+from workers.backends.processes import instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
 
 STATE_VERSION = 1
@@ -167,17 +167,7 @@ class LocalBackend(Backend):
         """An instance is its directory and a process group holding its GPU slice (and its cgroup,
         where the kernel allows one): the directory outlives it, its notebooks run beside it."""
         Path(spec.work_dir, spec.key).mkdir(parents=True, exist_ok=True)
-        holder = JobSpec(
-            key=spec.key,
-            workspace=spec.workspace,
-            name=spec.name,
-            command="exec sleep infinity",
-            work_dir=spec.work_dir,
-            devices=[spec.devices],
-            cpu_cores=spec.cpu_cores,
-            memory_gb=spec.memory_gb,
-        )
-        endpoint = self.start(holder)
+        endpoint = self.start(instance_job(spec))
         self._state["kind"] = "instance"
         return endpoint
 
@@ -189,17 +179,7 @@ class LocalBackend(Backend):
         if not self.env_root:
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
-        server = JobSpec(
-            key=spec.key,
-            workspace=spec.workspace,
-            name=spec.name,
-            command=server_command(env, spec, ip="127.0.0.1", port="$MASTER_PORT"),
-            work_dir=spec.work_dir,
-            env=server_env(spec),
-            devices=[spec.devices],
-            cpu_cores=spec.cpu_cores,
-            memory_gb=spec.memory_gb,
-        )
+        server = notebook_job(spec, env, ip="127.0.0.1")
         endpoint = self.start(server)
         self._state["kind"] = "notebook"
         try:

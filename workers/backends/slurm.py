@@ -43,7 +43,7 @@ from workers.backends.base import (
     Status,
 )
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
-from workers.backends.notebook_server import server_command, server_env, wait_answering
+from workers.backends.processes import instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
 
 STATE_VERSION = 1
@@ -314,17 +314,7 @@ class SlurmBackend(Backend):
 
     def _start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
-        holder = JobSpec(
-            key=spec.key,
-            workspace=spec.workspace,
-            name=spec.name,
-            command="exec sleep infinity",
-            work_dir=spec.work_dir,
-            devices=[spec.devices],
-            cpu_cores=spec.cpu_cores,
-            memory_gb=spec.memory_gb,
-        )
-        endpoint = self.start(holder)
+        endpoint = self.start(instance_job(spec))
         self._state["kind"] = "instance"
         return endpoint
 
@@ -340,17 +330,7 @@ class SlurmBackend(Backend):
             return self._notebook_endpoint()
         env = ensure_env(spec.python_packages, Path(self.env_root))
         node_addr = "$(scontrol show node \"$SLURMD_NODENAME\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')"
-        server = JobSpec(
-            key=spec.key,
-            workspace=spec.workspace,
-            name=spec.name,
-            command=server_command(env, spec, ip=f'"{node_addr}"', port="$MASTER_PORT"),
-            work_dir=spec.work_dir,
-            env=server_env(spec),
-            devices=[spec.devices],
-            cpu_cores=spec.cpu_cores,
-            memory_gb=spec.memory_gb,
-        )
+        server = notebook_job(spec, env, ip=f'"{node_addr}"')
         self.start(server)
         self._state["kind"] = "notebook"
         self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""

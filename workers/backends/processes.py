@@ -1,5 +1,8 @@
-"""What the local and Slurm backends run for a notebook: a Jupyter server from the profile's
-environment, under the proxy's base URL, letting in whom the portal allows (see workers/notebook)."""
+"""What the backends that run processes (local, Slurm) run for an instance and a notebook.
+
+An instance is a holder (``sleep infinity``) with the instance's GPUs; a notebook a Jupyter server
+from the profile's environment, under the proxy's base URL, letting in whom the portal allows
+(see workers/notebook). Both are then started as one-replica jobs."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.backends.base import BackendError, NotebookSpec
+from workers.backends.base import BackendError, InstanceSpec, JobSpec, NotebookSpec
 
 # Where portal_identity.py lives: put on the server's PYTHONPATH.
 IDENTITY_MODULES = Path(__file__).resolve().parent.parent / "notebook"
@@ -38,8 +41,33 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
     return "exec " + " ".join(args)
 
 
-def server_env(spec: NotebookSpec) -> dict[str, str]:
-    return {"JUPYTER_TOKEN": spec.token, "PYTHONPATH": str(IDENTITY_MODULES)}
+def instance_job(spec: InstanceSpec) -> JobSpec:
+    """The job that holds an instance's GPUs (and its cgroup or allocation) until it is stopped."""
+    return JobSpec(
+        key=spec.key,
+        workspace=spec.workspace,
+        name=spec.name,
+        command="exec sleep infinity",
+        work_dir=spec.work_dir,
+        devices=[spec.devices],
+        cpu_cores=spec.cpu_cores,
+        memory_gb=spec.memory_gb,
+    )
+
+
+def notebook_job(spec: NotebookSpec, env_dir: Path, *, ip: str) -> JobSpec:
+    """The job that runs a notebook's server on ``$MASTER_PORT``, with its instance's GPUs."""
+    return JobSpec(
+        key=spec.key,
+        workspace=spec.workspace,
+        name=spec.name,
+        command=server_command(env_dir, spec, ip=ip, port="$MASTER_PORT"),
+        work_dir=spec.work_dir,
+        env={"JUPYTER_TOKEN": spec.token, "PYTHONPATH": str(IDENTITY_MODULES)},
+        devices=[spec.devices],
+        cpu_cores=spec.cpu_cores,
+        memory_gb=spec.memory_gb,
+    )
 
 
 def wait_answering(url: str, *, alive: Callable[[], bool], log_tail: Callable[[], str], timeout_s: float) -> None:
