@@ -44,6 +44,22 @@ POLL_MAX_S = 2.0
 OUTAGE_TOLERANCE_S = 300.0
 
 
+class Outage:
+    """How long the portal has been unreachable; re-raises once that passes the tolerance."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def over(self) -> None:
+        self.since = None
+
+    def check(self) -> None:
+        """Call from an ``except`` block for a transient error: re-raises it past the tolerance."""
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since > OUTAGE_TOLERANCE_S:
+            raise
+
+
 def poll(
     fetch: Callable[[], M],
     done: Callable[[M], bool],
@@ -56,15 +72,13 @@ def poll(
     """Fetch until `done`, calling `on_update` with each answer; ``WaitTimeout`` after `timeout` s."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = min(POLL_FIRST_S, interval)
-    outage_since: float | None = None
+    outage = Outage()
     while True:
         try:
             obj = fetch()
-            outage_since = None
+            outage.over()
         except (PortalUnreachable, ServerError):
-            outage_since = outage_since or time.monotonic()
-            if time.monotonic() - outage_since > OUTAGE_TOLERANCE_S:
-                raise
+            outage.check()
         else:
             if on_update is not None:
                 on_update(obj)
@@ -297,8 +311,15 @@ class Jobs(Resource):
         ended and its log is read to the end (``WaitTimeout`` after `timeout` s); without, stop
         at the end of what is there now."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = Outage()
         while True:
-            chunk = self.logs(job_id, replica, offset)
+            try:
+                chunk = self.logs(job_id, replica, offset)
+                outage.over()
+            except (PortalUnreachable, ServerError):
+                outage.check()
+                time.sleep(interval)
+                continue
             offset = chunk.offset
             if chunk.text:
                 yield chunk.text
