@@ -50,3 +50,13 @@ ensure_redis() {
     for _ in $(seq 1 30); do (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && break; sleep 0.5; done
   fi
 }
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ]; then return 0; fi
+  echo "Installing Chromium..."
+  apt_install chromium || {
+    echo "The browser tests need /usr/bin/chromium: install Debian's chromium package (sudo apt-get install chromium)." >&2
+    return 1
+  }
+}

@@ -9,6 +9,7 @@ ensure_venv
 ensure_node_modules
 ensure_postgres
 ensure_redis
+ensure_chromium
 cd "$ROOT"
 # A real Slurm (4 simulated nodes x 4 GPUs) for the Slurm backend's tests; see docs/slurm.md.
 bash deploy/slurm.sh start
@@ -31,4 +32,7 @@ PORTAL_ENV=production SECRET_KEY="$(head -c 48 /dev/urandom | base64)" ALLOWED_H
   "$PY" manage.py check --deploy --fail-level WARNING
 
 echo "== tests"
-"$PY" -m pytest -n 2 "$@"
+"$PY" -m pytest -n 2 --ignore=tests/browser "$@"
+
+echo "== browser tests (Chromium against the live portal; a process of their own)"
+"$PY" -m pytest tests/browser

@@ -1,0 +1,251 @@
+"""End-to-end journeys in a real browser against the live portal (see conftest.py)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect
+
+from apps.catalog.models import NotebookProfile
+from apps.compute.models import Instance
+from apps.jobs.actions import check_submit_job, do_cancel_job
+from apps.jobs.models import Job
+from tests.browser.conftest import Portal, off_the_loop, screenshot
+from tests.personas import PASSWORD, World, make_world
+
+pytestmark = pytest.mark.slow
+LIVE_S = 30_000  # how long a live update may take, in ms: a worker start and a scheduling cycle
+
+# Records every state the job's badge shows, and proves the page was never reloaded.
+WATCH_STATES = """() => {
+  window.__seen = [document.querySelector('#job-state [data-state]').dataset.state];
+  window.__not_reloaded = true;
+  new MutationObserver(() => {
+    const badge = document.querySelector('#job-state [data-state]');
+    const last = window.__seen[window.__seen.length - 1];
+    if (badge && last !== badge.dataset.state) window.__seen.push(badge.dataset.state);
+  }).observe(document.body, {subtree: true, childList: true});
+}"""
+
+
+@pytest.fixture
+def people(portal: Portal) -> World:
+    world = make_world()
+    # A notebook environment of just the Jupyter server and a kernel (built once per machine, cached).
+    NotebookProfile.objects.create(
+        name="kernel-only", display_name="Python kernel", image="quay.io/jupyter/base-notebook", published=True
+    )
+    return world
+
+
+def nav(page: Page, name: str) -> Locator:
+    return page.get_by_role("navigation", name="Main").get_by_role("link", name=name, exact=True)
+
+
+def sign_in(page: Page, portal: Portal, username: str) -> None:
+    page.goto(f"{portal.url}/")
+    expect(page).to_have_url(f"{portal.url}/login/?next=/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Welcome")
+
+
+def launch_instance(page: Page, name: str, size: str) -> None:
+    nav(page, "Instances").click()
+    page.get_by_role("link", name="Launch an instance").first.click()
+    page.get_by_label("Name").fill(name)
+    page.get_by_label("Name").press("Enter")  # the keyboard moves the wizard on
+    expect(page.locator('.steps li[aria-current="step"]')).to_have_text("Size")
+    page.locator(f'[data-profile="{size}"] input').check()
+    screenshot(page, "wizard")
+    page.get_by_role("button", name="Next").click()
+    expect(page.locator('.steps li[aria-current="step"]')).to_have_text("Launch")
+    page.get_by_role("button", name="Launch").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(name)
+
+
+def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal: Portal, people: World) -> None:
+    world = people
+    # Bob's long job holds 3 of team-a's 4 H100: alice's job will have to wait for it.
+    bobs = check_submit_job(
+        world.team_a,
+        name="bobs-long-run",
+        command="sleep 300",
+        gpu_type="h100",
+        gpus_per_replica=Decimal(3),
+        acting_user=world.bob,
+    )
+    # 1. sign in
+    sign_in(page, portal, "alice")
+    page.get_by_label("Workspace").select_option("team-a")
+    expect(page).to_have_url(f"{portal.url}/w/team-a/")
+
+    # 2. launch an instance through the wizard; its status turns Running without a reload
+    launch_instance(page, "dev-box", "gpu-1")
+    expect(page.locator("#instance-status [data-state]")).to_have_text("Running", timeout=LIVE_S)
+    instance = Instance.objects.get(name="dev-box")
+
+    # 3. launch a notebook on it, from the instance's page
+    page.get_by_role("link", name="New notebook on it").click()
+    page.get_by_label("Name").fill("lab")
+    page.get_by_label("Environment").select_option("kernel-only")
+    page.get_by_role("button", name="Start notebook").click()
+    expect(page.locator("#notebook-status [data-state]")).to_have_text("Ready", timeout=120_000)
+
+    # 4. open it and run a cell: the portal's sign-in carries through the proxy to Jupyter
+    token = page.locator("#nb-token").inner_text()
+    with page.context.expect_page() as opened:
+        page.get_by_role("link", name="Open Jupyter").click()
+    jupyter = opened.value
+    jupyter.wait_for_load_state()
+    assert "/notebooks/team-a/lab/" in jupyter.url
+    output = jupyter.evaluate(RUN_CELL, {"token": token, "code": "print(6 * 7)"})
+    assert output == "42\n"
+    jupyter.close()
+
+    # 5. submit a 1-GPU job and watch it go queued -> running -> succeeded, without reloading
+    nav(page, "Jobs").click()
+    page.get_by_role("link", name="Submit a job").first.click()
+    page.get_by_label("Name").fill("hello-gpu")
+    page.get_by_label("Command").fill(
+        'echo "on GPU $CUDA_VISIBLE_DEVICES"; for p in 0.3 0.6 0.9; do echo PROGRESS $p; sleep 1; done; '
+        "echo trained > model.txt"
+    )
+    page.get_by_label("GPUs per replica").fill("1")
+    page.get_by_label("Artifacts to keep").fill("model.txt")
+    page.get_by_role("button", name="Submit").click()
+    expect(page.locator("#job-state [data-state]")).to_have_text("Queued")
+    expect(page.locator("#job-reason")).to_contain_text("quota", timeout=LIVE_S)
+    page.evaluate(WATCH_STATES)
+    screenshot(page, "job-queued")
+    nav(page, "Jobs").click()
+    expect(page.locator('[data-job="hello-gpu"]')).to_contain_text("quota")
+    screenshot(page, "job-queue")
+    page.go_back()
+    page.evaluate(WATCH_STATES)
+    off_the_loop(do_cancel_job, bobs, acting_user=world.bob)  # bob gives his GPUs back
+    expect(page.locator("#job-state [data-state]")).to_have_text("Succeeded", timeout=LIVE_S)
+    seen = page.evaluate("window.__seen")
+    assert seen[0] == "QUEUED" and seen[-1] == "SUCCEEDED" and "RUNNING" in seen, seen
+    assert page.evaluate("window.__not_reloaded") is True
+    expect(page.locator("#job-log")).to_contain_text("on GPU", timeout=LIVE_S)
+
+    # 6. download its artifact
+    with page.expect_download() as download:
+        page.get_by_role("link", name="model.txt").click()
+    assert Path(download.value.path()).read_text() == "trained\n"
+
+    screenshot_landing(page, portal)
+
+    # 7. delete the instance, after a confirmation that says it is irreversible
+    page.goto(f"{portal.url}/w/team-a/instances/{instance.pk}/")
+    page.get_by_role("link", name="Delete…").click()
+    expect(page.get_by_role("alertdialog")).to_contain_text("irreversible")
+    page.get_by_role("button", name="Delete permanently").click()
+    expect(page.locator(".flash")).to_contain_text("Instance dev-box was deleted.")
+    instance.refresh_from_db()
+    assert instance.state in (Instance.State.DELETING, Instance.State.DELETED)
+
+
+def screenshot_landing(page: Page, portal: Portal) -> None:
+    page.goto(f"{portal.url}/")
+    expect(page.locator('[data-count="instances"]')).to_have_text("1")
+    screenshot(page, "landing")
+
+
+def test_an_admin_publishes_a_profile_and_lowers_a_quota(browser: Browser, portal: Portal, people: World) -> None:
+    world = people
+    # Charlie's job holds one H100 of team-b.
+    charlies = off_the_loop(
+        check_submit_job,
+        world.team_b,
+        name="charlies-run",
+        command="sleep 300",
+        gpu_type="h100",
+        gpus_per_replica=Decimal(1),
+        acting_user=world.charlie,
+    )
+    admin = browser.new_context(viewport={"width": 1280, "height": 860}).new_page()
+    user = browser.new_context(viewport={"width": 1280, "height": 860}).new_page()
+    sign_in(admin, portal, "admin")
+    sign_in(user, portal, "charlie")
+
+    # publish a new profile: it appears in a user's wizard at once
+    admin.goto(f"{portal.url}/console/profiles/compute/new/")
+    admin.get_by_label("Name", exact=True).fill("gpu-2")
+    admin.get_by_label("Display name").fill("Two H100")
+    admin.get_by_label("GPU type").fill("h100")
+    admin.get_by_label("GPUs", exact=True).fill("2")
+    admin.get_by_label("CPU cores").fill("16")
+    admin.get_by_label("Memory (GB)").fill("128")
+    admin.get_by_label("Published: users can launch it now").check()
+    admin.get_by_role("button", name="Save").click()
+    expect(admin.locator('[data-profile="gpu-2"]')).to_contain_text("Published")
+    user.goto(f"{portal.url}/w/team-b/instances/new/")
+    user.get_by_label("Name").fill("big-box")
+    user.get_by_role("button", name="Next").click()
+    expect(user.locator('[data-profile="gpu-2"]')).to_contain_text("Two H100")
+    expect(user.locator('[data-profile="gpu-2"]')).to_contain_text("2 × H100")
+
+    # lower a quota: the user's next job waits, saying why
+    admin.goto(f"{portal.url}/console/workspaces/team-b/")
+    quota = admin.get_by_role("form", name="Set a GPU quota")
+    quota.get_by_label("GPU type").fill("h100")
+    quota.get_by_label("GPUs", exact=True).fill("1")
+    quota.get_by_role("button", name="Set quota").click()
+    expect(admin.locator(".flash")).to_contain_text("Quota of team-b: 1 × h100")
+    user.goto(f"{portal.url}/w/team-b/jobs/new/")
+    user.get_by_label("Name").fill("after-cut")
+    user.get_by_label("Command").fill("true")
+    user.get_by_role("button", name="Submit").click()
+    job = Job.objects.get(name="after-cut")
+    expect(user.locator("#job-reason")).to_contain_text("h100", timeout=LIVE_S)
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED and job.wait_reason
+    expect(user.locator("#job-reason")).to_have_text(job.wait_reason)
+
+    admin.goto(f"{portal.url}/console/")
+    expect(admin.locator("#queue-title")).to_be_visible()
+    expect(admin.locator("#console-body")).to_contain_text("after-cut")
+    admin.wait_for_function("document.querySelector('[data-chart-url]').dataset.loaded")
+    screenshot(admin, "admin-dashboard")
+
+    # the pages work at a phone's width: no sideways scrolling
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    small = phone.new_page()
+    sign_in(small, portal, "charlie")
+    small.goto(f"{portal.url}/w/team-b/jobs/")
+    assert small.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(small, "jobs-phone")
+    off_the_loop(do_cancel_job, charlies, acting_user=world.charlie)
+
+
+# Runs one cell on the notebook's Jupyter server from the browser: a kernel over the REST API,
+# then an execute_request over the kernel's WebSocket; resolves with what the cell printed.
+RUN_CELL = """async ({token, code}) => {
+  const base = location.pathname.replace(/(\\/notebooks\\/[^/]+\\/[^/]+\\/).*/, '$1');
+  const headers = {'Authorization': 'token ' + token, 'Content-Type': 'application/json'};
+  const body = '{"name": "python3"}';
+  const kernel = await (await fetch(base + 'api/kernels', {method: 'POST', headers, body})).json();
+  const url = `ws://${location.host}${base}api/kernels/${kernel.id}/channels?token=${token}`;
+  return await new Promise((resolve, reject) => {
+    const socket = new WebSocket(url);
+    const id = crypto.randomUUID();
+    let out = '';
+    socket.onopen = () => socket.send(JSON.stringify({
+      header: {msg_id: id, msg_type: 'execute_request', username: '', session: id, version: '5.3', date: ''},
+      parent_header: {}, metadata: {}, channel: 'shell',
+      content: {code, silent: false, store_history: false, user_expressions: {}, allow_stdin: false}}));
+    socket.onmessage = (event) => {
+      const msg = JSON.parse(event.data);
+      if (msg.parent_header.msg_id !== id) return;
+      if (msg.msg_type === 'stream') out += msg.content.text;
+      if (msg.msg_type === 'status' && msg.content.execution_state === 'idle') { socket.close(); resolve(out); }
+    };
+    socket.onerror = () => reject(new Error('kernel socket failed'));
+    setTimeout(() => reject(new Error('no answer from the kernel')), 60000);
+  });
+}"""
