@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from gpuportal import __version__, config
-from gpuportal.errors import AuthenticationError, ConfigError, PortalUnreachable, error_for
+from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalUnreachable, error_for
 from gpuportal.models import User
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
 
@@ -122,7 +122,14 @@ class Client:
         response = self._send(method, path, params=params, json=json)
         if not response.content:
             return None
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise APIError(
+                f"{response.url} did not answer with JSON: is {self.url} a GPU Portal?",
+                status=response.status_code,
+                code="not_json",
+            ) from None
 
     def paginate(self, path: str, params: dict[str, Any] | None = None, limit: int | None = None) -> Iterator[Any]:
         """Every item of a list endpoint, page after page, up to `limit` items."""

@@ -114,6 +114,8 @@ def error_for(status: int, body: Any, fallback_text: str = "") -> APIError:
         )
     else:
         text = " ".join(fallback_text.split())[:200]
+        if text.startswith("<"):  # an HTML page: not the portal's API answering
+            text = "the answer is not the portal API's (is the URL a GPU Portal?)"
         message = f"HTTP {status}" + (f": {text}" if text else "")
         code, fields = "error", None
     cls: type[APIError]

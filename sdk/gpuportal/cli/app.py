@@ -47,6 +47,9 @@ class PortalGroup(click.Group):
             fail(exc.message, EXIT_TIMEOUT)
         except GPUPortalError as exc:
             fail(describe_error(exc), EXIT_ERROR)
+        except OSError as exc:  # a folder that cannot be written, a file that cannot be read
+            where = f" ({exc.filename})" if exc.filename else ""
+            fail(f"{exc.strerror or exc}{where}", EXIT_ERROR)
         except KeyboardInterrupt:
             fail("Interrupted.", EXIT_CANCELLED)
 
