@@ -93,8 +93,12 @@ def test_a_script_job_runs_to_success_with_its_logs_and_artifact_bytes(cli: Run,
     assert re.search(rf"^{job_id}\s+train\s+demo-team\s+1 h100\s+SUCCEEDED\s+exit code 0$", listing.stdout, re.M)
 
 
-def test_a_failing_job_gives_its_exit_code_to_the_shell(cli: Run) -> None:
-    submit = cli("submit", "--name", "fails", "--command", "echo going down >&2; exit 7", "--wait", "--logs")
+def test_a_failing_job_gives_its_exit_code_to_the_shell(cli: Run, tmp_path: Path) -> None:
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "job.yaml").write_text("name: fails\ncommand: exit 0\n")
+    (tmp_path / "fail.sh").write_text("echo going down >&2\nexit 7\n")
+    # --script replaces the spec's command, and is found from the current folder.
+    submit = cli("submit", "specs/job.yaml", "--script", "fail.sh", "--wait", "--logs")
     assert submit.returncode == 7
     job_id = submitted_id(submit.stderr)
     assert submit.stdout == "going down\n"  # --logs prints the log as it runs

@@ -87,7 +87,9 @@ def submit(
     """
     if spec is None and not any(overrides.get(k) for k in ("command", "script", "image")):
         fail("Give a job spec file, or --command, --script or --image.", EXIT_USAGE)
-    job_spec = JobSpec.load(spec, **{k: str(v) if isinstance(v, Path) else v for k, v in overrides.items()})
+    # A path given on the command line is relative to the current folder, not to the spec file.
+    paths = {k: str(v.absolute()) for k, v in overrides.items() if isinstance(v, Path)}
+    job_spec = JobSpec.load(spec, **{**overrides, **paths})
     job_spec.env.update(_parse_env(env_pairs))
     job_spec.artifacts.extend(a for a in artifacts if a not in job_spec.artifacts)
     client = portal()
