@@ -608,8 +608,6 @@ class Job(_Refreshable):
     ) -> Job:
         """Wait for the job to end and return it (updated in place). ``check=True`` raises
         ``WorkloadFailed`` unless it succeeded; ``WaitTimeout`` after `timeout` seconds."""
-        from gpuportal.resources import check_succeeded
-
         self._update_from(lambda: self._bound().jobs.wait(self.id, timeout=timeout, on_update=on_update))
         if check:
             check_succeeded(self)
@@ -659,6 +657,14 @@ class Job(_Refreshable):
             ("Failure", self.failure_reason),
             ("Artifacts", ", ".join(a.path for a in self.artifacts)),
         ]
+
+
+def check_succeeded(job: Job) -> None:
+    """``WorkloadFailed`` unless the job succeeded."""
+    if not job.succeeded:
+        detail = f" with exit code {job.exit_code}" if job.exit_code is not None else ""
+        reason = f": {job.failure_reason}" if job.failure_reason else ""
+        raise WorkloadFailed(f"Job {job.id} {job.state}{detail}{reason}", job)
 
 
 def _waiting(state: str, queue: QueueInfo) -> str:

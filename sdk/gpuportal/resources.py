@@ -30,6 +30,7 @@ from gpuportal.models import (
     NotebookProfile,
     ResultList,
     Workspace,
+    check_succeeded,
 )
 from gpuportal.spec import JobSpec
 
@@ -361,14 +362,6 @@ class Jobs(Resource):
                 Path(tmp).unlink(missing_ok=True)
             saved.append(target)
         return saved
-
-
-def check_succeeded(job: Job) -> None:
-    """``WorkloadFailed`` unless the job succeeded."""
-    if not job.succeeded:
-        detail = f" with exit code {job.exit_code}" if job.exit_code is not None else ""
-        reason = f": {job.failure_reason}" if job.failure_reason else ""
-        raise WorkloadFailed(f"Job {job.id} {job.state}{detail}{reason}", job)
 
 
 def _sha256(handle: Any) -> str:
