@@ -59,7 +59,7 @@ def quota_use(workspaces: list[Any]) -> list[QuotaUse]:
     return sorted(rows.values(), key=lambda r: (ids.index(r.workspace_id), r.gpu_type))
 
 
-def _intervals(workspace_ids: list[int] | None, start: datetime, now: datetime) -> list[tuple[str, float, Any, Any]]:
+def held_intervals(workspace_ids: list[int] | None, start: datetime, now: datetime) -> list[tuple[str, float, Any, Any]]:
     """(gpu type, GPUs, from, to) for everything that held GPUs during [start, now]."""
 
     def mine(prefix: str = "") -> Q:
@@ -104,7 +104,7 @@ def gpu_series(workspace_ids: list[int] | None, window: str = DEFAULT_WINDOW) ->
     step = span.total_seconds() / buckets
     series: dict[str, list[float]] = defaultdict(lambda: [0.0] * buckets)
     t0 = start.timestamp()
-    for gpu_type, gpus, began, ended in _intervals(workspace_ids, start, now):
+    for gpu_type, gpus, began, ended in held_intervals(workspace_ids, start, now):
         a = max(began.timestamp(), t0) - t0
         b = min(ended.timestamp(), now.timestamp()) - t0
         if b <= a:
