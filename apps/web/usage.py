@@ -59,7 +59,9 @@ def quota_use(workspaces: list[Any]) -> list[QuotaUse]:
     return sorted(rows.values(), key=lambda r: (ids.index(r.workspace_id), r.gpu_type))
 
 
-def held_intervals(workspace_ids: list[int] | None, start: datetime, now: datetime) -> list[tuple[str, float, Any, Any]]:
+def held_intervals(
+    workspace_ids: list[int] | None, start: datetime, now: datetime
+) -> list[tuple[str, float, Any, Any]]:
     """(gpu type, GPUs, from, to) for everything that held GPUs during [start, now]."""
 
     def mine(prefix: str = "") -> Q:

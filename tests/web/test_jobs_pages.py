@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job, JobAttempt
-from apps.web.usage import held_intervals, gpu_series
+from apps.web.usage import gpu_series, held_intervals
 from tests.personas import World
 from tests.web.conftest import queries
 
