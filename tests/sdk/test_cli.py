@@ -97,6 +97,7 @@ def test_a_failing_job_gives_its_exit_code_to_the_shell(cli: Run, tmp_path: Path
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "job.yaml").write_text("name: fails\ncommand: exit 0\n")
     (tmp_path / "fail.sh").write_text("echo going down >&2\nexit 7\n")
+    overtime = cli("submit", "-q", "--name", "overtime", "--command", "sleep 60", "--max-runtime", "1s").stdout
     # --script replaces the spec's command, and is found from the current folder.
     submit = cli("submit", "specs/job.yaml", "--script", "fail.sh", "--wait", "--logs")
     assert submit.returncode == 7
@@ -104,6 +105,11 @@ def test_a_failing_job_gives_its_exit_code_to_the_shell(cli: Run, tmp_path: Path
     assert submit.stdout == "going down\n"  # --logs prints the log as it runs
     assert f"Job {job_id} fails: FAILED with exit code 7" in submit.stderr
     assert cli("wait", str(job_id)).returncode == 7  # waiting again on an ended job answers at once
+
+    timed_out = cli("wait", overtime.strip())
+    assert timed_out.returncode == 124  # killed after its max runtime
+    assert "FAILED with exit code 124" in timed_out.stderr
+    assert "killed after exceeding max runtime of 1s" in timed_out.stderr
 
 
 def test_a_running_job_is_cancelled_and_whoever_follows_it_stops(cli: Run, cli_env: dict[str, str]) -> None:
@@ -198,6 +204,6 @@ def test_it_lists_profiles_and_jobs_as_tables_and_json(cli: Run) -> None:
     assert {p["name"] for p in data["notebook"]} == {"minimal", "data-science", "spark", "tensorflow"}
     assert isinstance(json.loads(cli("ls", "--json").stdout), list)
     listing = cli("ls").stdout
-    assert listing.startswith("ID  Name  ") or listing == "(none)\n", listing
+    assert re.match(r"ID\s+Name\s+Workspace\s+GPUs\s+State\s+Queue / running for\n", listing) or listing == "(none)\n"
     missing = cli("status", "999999")
     assert (missing.returncode, missing.stderr) == (1, "Error: Job 999999 was not found (or you cannot see it).\n")
