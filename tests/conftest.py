@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.leftovers import stop_everything_of
 from tests.personas import World, make_world
 from tests.proxy import Proxy, running_proxy
 
@@ -59,7 +60,10 @@ def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
         settings.PORTAL_INTERNAL_URL = live_server.url
         settings.PORTAL_WORKLOAD_TRIGGER = "inline"
         settings.PORTAL_WORK_DIR = tmp_path / "work"
-        yield running
+        try:
+            yield running
+        finally:
+            stop_everything_of(str(settings.PORTAL_WORK_DIR))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -514,3 +514,21 @@ def _slurm_registered() -> bool:
     from apps.inventory.models import Cluster
 
     return Cluster.objects.filter(kind="slurm", enabled=True).exists()
+
+
+def stop_local_compute() -> int:
+    """Stop the processes of every instance and notebook on this machine, keeping their rows
+    running: the embedded portal's shutdown. At the next start, reconcile starts them again."""
+    stopped = 0
+    for model in (Notebook, Instance):
+        cluster = "instance__cluster" if model is Notebook else "cluster"
+        rows = model.objects.filter(**{f"{cluster}__kind": "local", "backend_state__has_key": "run"})
+        for pk in rows.values_list("pk", flat=True):
+            with transaction.atomic():
+                row = model.objects.select_for_update(of=("self",)).select_related(cluster).get(pk=pk)
+                owner = row.instance.cluster if isinstance(row, Notebook) else row.cluster
+                _stop_quietly(_backend(owner, row.backend_state), f"{model.__name__} {pk}")
+                row.backend_state = _without(row.backend_state, "run")
+                row.save(update_fields=["backend_state"])
+                stopped += 1
+    return stopped

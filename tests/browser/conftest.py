@@ -23,6 +23,7 @@ import pytest
 from django.conf import global_settings
 from django.db import connections
 
+from tests.leftovers import stop_everything_of
 from tests.proxy import ROOT, free_port, running_proxy
 
 # Playwright's sync API runs an event loop in this thread; the tests' ORM calls are still synchronous.
@@ -159,6 +160,7 @@ def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterato
                 except subprocess.TimeoutExpired:
                     os.killpg(child.pid, 9)
                     child.wait()
+            stop_everything_of(str(data_dir / "work"))  # instances and notebooks the journey left
 
 
 @pytest.fixture(autouse=True)
