@@ -17,6 +17,11 @@ from apps.workspaces.access import CHANGE, can, restrict
 class VisibleProfileField(serializers.SlugRelatedField):
     """A profile by name, among those the requesting user can see."""
 
+    default_error_messages = {
+        "does_not_exist": "No profile named {value} is available to you.",
+        "invalid": "Give a profile's name.",
+    }
+
     def __init__(self, model: type[ComputeProfile] | type[NotebookProfile], **kwargs: Any):
         self.model = model
         super().__init__(slug_field="name", **kwargs)

@@ -127,7 +127,8 @@ def test_a_profile_appears_in_the_wizard_once_published(world: World, signed_in:
     draft = ComputeProfile.objects.create(name="gpu-2", gpu_type="h100", gpu_count=Decimal(2), published=False)
     alice = signed_in(world.alice)
     assert 'data-profile="gpu-2"' not in wizard(alice, 1, 2, name="box").content.decode()
-    assert "Object with name=gpu-2 does not exist." in wizard(alice, 3, 4, name="box", profile="gpu-2").content.decode()
+    refused = wizard(alice, 3, 4, name="box", profile="gpu-2").content.decode()
+    assert "No profile named gpu-2 is available to you." in refused
     draft.published = True
     draft.save()
     assert 'data-profile="gpu-2"' in wizard(alice, 1, 2, name="box").content.decode()
