@@ -7,6 +7,7 @@ Jupyter as a small table with its state and, while it waits, its queue position 
 from __future__ import annotations
 
 import html
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -69,7 +70,7 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-class Model:
+class Model(ABC):
     """Methods shared by every object the portal returns."""
 
     data: dict[str, Any]
@@ -80,9 +81,9 @@ class Model:
             raise RuntimeError(f"this {type(self).__name__} is not attached to a Client")
         return self._client
 
+    @abstractmethod
     def summary(self) -> dict[str, str]:
         """One row of a table: column name -> text."""
-        raise NotImplementedError
 
     def details(self) -> list[tuple[str, str]]:
         """Label and text of each line shown for this object alone."""
@@ -290,8 +291,9 @@ class _Refreshable(Model):
 
     id: int
 
+    @abstractmethod
     def _fetch(self) -> _Refreshable:
-        raise NotImplementedError
+        """The same object, fetched again from the portal."""
 
     def _update_from(self, call: Callable[[], _Refreshable]) -> None:
         """Take on the fields of what `call` returns, or of the object a failed wait carries."""
