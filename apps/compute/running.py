@@ -41,6 +41,7 @@ from workers.backends.registry import backend_for
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
+SWEEP_EVERY_S = 30.0
 INSTANCE_START_TIMEOUT_S = 60.0
 
 
@@ -409,7 +410,7 @@ def request_compute_sync(kind: str, pk: int) -> None:
     request_workload(kind, pk)
 
 
-def reconcile_compute() -> dict[str, int]:
+def reconcile_compute(*, sweep: bool = True) -> dict[str, int]:
     """Converge every live instance and notebook, drop stale proxy routes, stop orphaned
     processes. One object that fails is logged and retried next time."""
     counts = {"instances": 0, "notebooks": 0, "failed": 0, "routes_removed": 0, "orphans_stopped": 0}
@@ -441,7 +442,8 @@ def reconcile_compute() -> dict[str, int]:
         counts["routes_removed"] = _remove_stale_routes()
     except proxy.ProxyError:
         logger.warning("could not read the notebook proxy's routes", exc_info=True)
-    counts["orphans_stopped"] = sweep_orphans()
+    if sweep:  # reads /proc and squeue: the scheduler loop asks for it every SWEEP_EVERY_S
+        counts["orphans_stopped"] = sweep_orphans()
     return counts
 
 

@@ -1,13 +1,14 @@
 import logging
 import signal
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from apps.compute.running import reconcile_compute
+from apps.compute.running import SWEEP_EVERY_S, reconcile_compute
 from apps.jobs.running import reconcile_jobs
 from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
 
@@ -28,11 +29,15 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+        last_sweep = -SWEEP_EVERY_S
         while not stop.is_set():
             close_old_connections()
             try:
                 reconcile_jobs()
-                reconcile_compute()
+                sweep = time.monotonic() - last_sweep >= SWEEP_EVERY_S
+                reconcile_compute(sweep=sweep)
+                if sweep:
+                    last_sweep = time.monotonic()
                 requeue_unready_gangs()
                 result = run_cycle()
                 if once:
