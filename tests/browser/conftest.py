@@ -40,7 +40,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Where the journeys keep their pictures: var/screenshots (ignored by git) unless asked for
+# elsewhere; PORTAL_SCREENSHOTS_DIR=docs/screenshots refreshes the README's.
+SCREENSHOTS = (ROOT / os.environ.get("PORTAL_SCREENSHOTS_DIR", "var/screenshots")).resolve()
 T = TypeVar("T")
 
 
@@ -187,6 +189,6 @@ def off_the_loop(action: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def screenshot(page: Any, name: str) -> None:
-    """Keep a picture of a main page for the README (docs/screenshots/)."""
+    """Keep a picture of a main page (see SCREENSHOTS)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
