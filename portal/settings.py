@@ -252,6 +252,19 @@ PORTAL_WORKLOAD_TRIGGER = env_choice("PORTAL_WORKLOAD_TRIGGER", ("task", "inline
 # An admitted job the worker has not started after this long is started by the reconcile loop.
 PORTAL_START_LOST_AFTER_S = env_int("PORTAL_START_LOST_AFTER_S", 30, minimum=1)
 PORTAL_WORK_DIR = Path(env_str("PORTAL_WORK_DIR", str(DATA_DIR / "work")))
+# Tenant isolation of local workloads (docs/security.md). "bwrap": every job replica, instance and
+# notebook runs in a bubblewrap sandbox that sees only its workspace (and, when the portal runs as
+# root, as that workspace's own Unix account); a portal that cannot sandbox refuses to start user
+# code. "off" is the explicit opt-out of a single-user workstation, shown as a warning on every page.
+PORTAL_SANDBOX = env_choice("PORTAL_SANDBOX", ("bwrap", "off"), "bwrap")
+# The portal's private directory for the workloads' logs and exit files: no sandbox sees it.
+PORTAL_RUN_DIR = Path(env_str("PORTAL_RUN_DIR", str(DATA_DIR / "run")))
+# Workspace accounts (when the portal runs as root): workspace N gets uid PORTAL_WORKSPACE_UID_MIN + N,
+# named gpw<N>. The range must be reserved for this portal on every machine that runs its work.
+PORTAL_WORKSPACE_UID_MIN = env_int("PORTAL_WORKSPACE_UID_MIN", 200000, minimum=1000, maximum=2**31 - 2)
+PORTAL_WORKSPACE_UID_MAX = env_int("PORTAL_WORKSPACE_UID_MAX", 299999, minimum=1001, maximum=2**31 - 1)
+if PORTAL_WORKSPACE_UID_MAX <= PORTAL_WORKSPACE_UID_MIN:
+    raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_MAX must be greater than PORTAL_WORKSPACE_UID_MIN.")
 # Notebooks (docs/notebooks.md). The proxy in front of the portal that routes
 # /notebooks/<workspace>/<notebook>/ to each server: its REST API and that API's token.
 PORTAL_PROXY_API_URL = env_str("PORTAL_PROXY_API_URL", "")

@@ -35,6 +35,7 @@ from apps.inventory.models import Allocation
 from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
+from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, InstanceSpec, NotebookSpec, PolicyRefusal
 from workers.backends.registry import backend_for
 
@@ -68,6 +69,7 @@ def _instance_spec(instance: Instance) -> InstanceSpec:
         cpu_cores=float(instance.cpu_cores),
         memory_gb=float(instance.memory_gb),
         users=sorted(members),
+        run_as=run_as_for(instance.workspace, instance.cluster),
     )
 
 
@@ -92,6 +94,7 @@ def _notebook_spec(notebook: Notebook) -> NotebookSpec:
         memory_gb=float(instance.memory_gb),
         instance_state=dict(instance.backend_state.get("run", {})),
         auth_url=notebook_auth_url(notebook),
+        run_as=run_as_for(notebook.workspace, instance.cluster),
     )
 
 

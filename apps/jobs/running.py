@@ -23,6 +23,7 @@ from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
+from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, JobSpec, PolicyRefusal
 from workers.backends.registry import backend_for
 
@@ -55,6 +56,7 @@ def _spec(job: Job) -> JobSpec:
         memory_gb=float(job.memory_gb),
         max_runtime_s=float(job.max_runtime_s) if job.max_runtime_s else None,
         artifact_paths=list(job.artifact_paths),
+        run_as=run_as_for(job.workspace, job.cluster),
     )
 
 

@@ -81,6 +81,8 @@ class Workspace(models.Model):
         validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal("1000"))],
     )
     cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.SET_NULL, related_name="workspaces")
+    # The uid of the workspace's own Unix account (apps/workspaces/unix.py), once created.
+    unix_uid = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -30,6 +30,16 @@ class BackendError(Exception):
         self.permanent = permanent
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """The Unix account a workspace's workloads run as: created by the portal for each workspace
+    when it runs as root (a sandboxed local workload, a Slurm job submitted as that account)."""
+
+    user: str
+    uid: int
+    gid: int
+
+
 @dataclass
 class JobSpec:
     """What the caller asks a backend to run: one job, ``replicas`` processes started as a gang.
@@ -37,7 +47,8 @@ class JobSpec:
     ``devices[r]`` lists the GPU indices replica ``r`` may use (a fractional GPU shares its index
     with others); an empty ``devices`` means no GPU for any replica. ``cpu_cores`` and ``memory_gb``
     are per replica. ``artifact_paths`` are relative to the job's directory under ``work_dir``.
-    ``max_runtime_s`` of ``None`` means no limit.
+    ``max_runtime_s`` of ``None`` means no limit. ``run_as`` is the workspace's own Unix account
+    (``None``: the portal's own user, in a user namespace where the backend sandboxes).
     """
 
     key: str
@@ -53,6 +64,7 @@ class JobSpec:
     memory_gb: float = 1.0
     max_runtime_s: float | None = None
     artifact_paths: list[str] = field(default_factory=list)
+    run_as: RunAs | None = None
 
 
 @dataclass
@@ -75,6 +87,7 @@ class InstanceSpec:
     cpu_cores: float = 1.0
     memory_gb: float = 1.0
     users: list[str] = field(default_factory=list)
+    run_as: RunAs | None = None
 
 
 @dataclass
@@ -101,6 +114,7 @@ class NotebookSpec:
     memory_gb: float = 1.0
     instance_state: dict[str, Any] = field(default_factory=dict)
     auth_url: str = ""
+    run_as: RunAs | None = None
 
 
 Spec = JobSpec | InstanceSpec | NotebookSpec

@@ -1,10 +1,17 @@
 """The local backend for jobs: each replica a real process group on this machine.
 
-A replica runs as ``bash -c <command>`` under a small bash wrapper that leads its own session
-(so one ``killpg`` reaches every descendant that stays in the group) and writes the command's
-exit status to a file: a worker restarted after the job ended can still read it, although it is
-no longer the processes' parent. Liveness is read from ``/proc``, with each pid's start time kept
-in the state so that a reused pid is never mistaken for ours.
+A replica runs as ``bash -c <command>`` inside a bubblewrap sandbox (workers/backends/sandbox.py:
+only its workspace's directory writable, its own PID namespace, only its own GPUs, as its
+workspace's Unix account when the portal runs as root), under a small bash wrapper outside the
+sandbox that leads its own session (so one ``killpg`` reaches every descendant that stays in the
+group) and writes the command's exit status to a file: a worker restarted after the job ended
+can still read it, although it is no longer the processes' parent. Liveness is read from
+``/proc``, with each pid's start time kept in the state so that a reused pid is never mistaken
+for ours.
+
+The wrapper's files (each replica's log and exit status) live in the portal's own run directory,
+which no sandbox can see: a workload can neither forge its status nor swap its log for a link
+that the portal, reading it, would follow.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +45,10 @@ from workers.backends.base import (
     Spec,
     Status,
 )
-from workers.backends.processes import instance_job, notebook_job, wait_answering
+from workers.backends.files import dirs_between, prepare_dir
+from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
+from workers.backends.sandbox import Sandbox, check_available
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1): the job was killed for running past max_runtime_s
@@ -53,15 +63,20 @@ _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _LOG_CHUNK = 1 << 20
 _PROGRESS_TAIL = 64 << 10
 
-# $1 command, $2 exit-status file, $3 cgroup.procs to join ("" for none). Catching TERM (rather
-# than ignoring it) keeps the command's default disposition, and lets the wrapper record the
-# status once the command has ended; SIGKILL of the group leaves no file, which poll() handles.
+SANDBOX_MODES = ("bwrap", "off")
+
+# $1 exit-status file, $2 cgroup.procs to join ("" for none), then the argv to run (the sandbox,
+# or ``bash -c <command>`` where sandboxing is off). Catching TERM (rather than ignoring it) keeps
+# the command's default disposition, and lets the wrapper record the status once the command has
+# ended; SIGKILL of the group leaves no file, which poll() handles.
 _WRAPPER = r"""
-if [ -n "$3" ]; then echo $$ > "$3" || echo "portal: could not join cgroup $3" >&2; fi
+if [ -n "$2" ]; then echo $$ > "$2" || echo "portal: could not join cgroup $2" >&2; fi
 trap ':' TERM INT HUP
-bash -c "$1"
+exit_file=$1
+shift 2
+"$@"
 rc=$?
-echo "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"
+echo "$rc" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"
 exit "$rc"
 """
 
@@ -77,6 +92,12 @@ class LocalBackend(Backend):
 
     Jobs get a clean environment (PATH, LANG, HOME = the job directory, the spec's env and the
     rendezvous variables), never the worker's own, which holds the portal's secrets.
+
+    ``sandbox`` is ``"bwrap"`` (every workload in a bubblewrap sandbox; a start fails, saying
+    why, where bubblewrap cannot run) or ``"off"`` (the explicit opt-out of a single-user
+    workstation: workloads run as the portal's user, unconfined). ``run_dir`` is the portal's
+    private directory for the wrappers' logs and exit files; ``owner`` (the portal's work
+    directory) is also the root of the workspaces' directories, one of which a sandbox may write.
     """
 
     name = "local"
@@ -90,7 +111,15 @@ class LocalBackend(Backend):
         env_root: str = "",
         notebook_start_timeout_s: float = 60.0,
         owner: str = "",
+        sandbox: str = "bwrap",
+        run_dir: str = "",
     ) -> None:
+        if sandbox not in SANDBOX_MODES:
+            modes = ", ".join(SANDBOX_MODES)
+            raise BackendError(f"unknown sandbox mode {sandbox!r}: use one of {modes}", permanent=True)
+        self.sandbox = sandbox
+        self.run_dir = run_dir or os.path.join(tempfile.gettempdir(), f"gpuportal-run-{os.geteuid()}")
+        self._read_only: list[str] = []
         self.inventory = inventory
         self.cgroup_root = cgroup_root
         self.teardown_grace_s = teardown_grace_s
@@ -136,10 +165,15 @@ class LocalBackend(Backend):
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
         validate_spec(spec)
-        job_dir = Path(spec.work_dir, spec.key).resolve()
-        internal = job_dir / ".portal"
-        internal.mkdir(parents=True, exist_ok=True)
-        (job_dir / "artifacts").mkdir(exist_ok=True)
+        if self.sandbox == "bwrap":
+            check_available()
+        workspace_dir = self._workspace_dir(spec)
+        prepare_dir(workspace_dir, spec.run_as, mode=0o700)
+        job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
+        for directory in dirs_between(workspace_dir, job_dir):
+            prepare_dir(directory, spec.run_as)
+        prepare_dir(job_dir / "artifacts", spec.run_as)
+        internal = self._run_dir_of(job_dir)
         for stale in internal.glob("replica-*.exit"):
             stale.unlink()
         port = _free_port()
@@ -148,6 +182,9 @@ class LocalBackend(Backend):
             "version": STATE_VERSION,
             "key": spec.key,
             "job_dir": str(job_dir),
+            "workspace_dir": str(workspace_dir),
+            "run_dir": str(internal),
+            "sandbox": self.sandbox,
             "port": port,
             "started_at": time.time(),
             "max_runtime_s": spec.max_runtime_s,
@@ -166,7 +203,6 @@ class LocalBackend(Backend):
     def _start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is its directory and a process group holding its GPU slice (and its cgroup,
         where the kernel allows one): the directory outlives it, its notebooks run beside it."""
-        Path(spec.work_dir, spec.key).mkdir(parents=True, exist_ok=True)
         endpoint = self.start(instance_job(spec))
         self._state["kind"] = "instance"
         return endpoint
@@ -180,6 +216,7 @@ class LocalBackend(Backend):
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
         server = notebook_job(spec, env, ip="127.0.0.1")
+        self._read_only = [str(env), str(IDENTITY_MODULES)]  # read-only: no kernel writes into them
         endpoint = self.start(server)
         self._state["kind"] = "notebook"
         try:
@@ -195,10 +232,42 @@ class LocalBackend(Backend):
             raise
         return Endpoint(endpoint.host, endpoint.port, url=f"http://127.0.0.1:{endpoint.port}")
 
+    def _workspace_dir(self, spec: JobSpec) -> Path:
+        """The directory a workload may write: its workspace's under the portal's work directory,
+        else (a backend driven without one) the spec's own work directory."""
+        work_dir = Path(os.path.abspath(spec.work_dir))
+        if self.owner:
+            workspace_dir = Path(os.path.abspath(self.owner)) / spec.workspace
+            if work_dir == workspace_dir or work_dir.is_relative_to(workspace_dir):
+                return workspace_dir
+        return work_dir
+
+    def _run_dir_of(self, job_dir: Path) -> Path:
+        """The portal's private directory for one job's logs and exit files (outside any sandbox)."""
+        root = Path(self.run_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)
+        digest = hashlib.sha256(str(job_dir).encode()).hexdigest()[:16]
+        path = root / f"{job_dir.name}-{digest}"
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
+    def _command_argv(self, spec: JobSpec, command: str, devices: list[str]) -> list[str]:
+        if self.sandbox == "off":
+            return ["bash", "-c", command]
+        sandbox = Sandbox(
+            writable=[self._state["workspace_dir"]],
+            read_only=list(self._read_only),
+            devices=devices,
+            run_as=spec.run_as,
+            cwd=self._state["job_dir"],
+        )
+        return sandbox.argv(command)
+
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
         job_dir = Path(self._state["job_dir"])
-        log_path = job_dir / ".portal" / f"replica-{rank}.log"
-        exit_path = job_dir / ".portal" / f"replica-{rank}.exit"
+        log_path = Path(self._state["run_dir"]) / f"replica-{rank}.log"
+        exit_path = Path(self._state["run_dir"]) / f"replica-{rank}.exit"
         devices = spec.devices[rank] if spec.devices else []
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -216,7 +285,8 @@ class LocalBackend(Backend):
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
-        argv = ["bash", "-c", _WRAPPER, "portal-job", spec.command, str(exit_path), cgroup_procs]
+        command = self._command_argv(spec, spec.command, devices)
+        argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, *command]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 argv,
@@ -313,7 +383,7 @@ class LocalBackend(Backend):
         """SIGTERM all groups, wait up to ``grace_s``, SIGKILL survivors; raise if any remain."""
         self._state.setdefault("killed", {"reason": reason, "signal": int(signal.SIGTERM)})
         for replica in self._state["replicas"]:
-            self._signal_group(replica, signal.SIGTERM)
+            self._signal_workload(replica, signal.SIGTERM)
         if self._wait_groups_empty(deadline=time.monotonic() + grace_s):
             return
         self._state["killed"]["signal"] = int(signal.SIGKILL)
@@ -337,6 +407,19 @@ class LocalBackend(Backend):
         if self._group_members(replica):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(replica["pgid"], sig)
+
+    def _signal_workload(self, replica: dict[str, Any], sig: signal.Signals) -> None:
+        """Signal the workload's own processes. In a sandbox that is every member of the group
+        but the wrapper and bubblewrap's processes: bubblewrap dies of SIGTERM and takes the whole
+        sandbox with it at once (``--die-with-parent``), which would leave the workload no grace."""
+        if self._state.get("sandbox", "off") == "off":
+            self._signal_group(replica, sig)
+            return
+        for pid in self._group_members(replica):
+            if pid == replica["pid"] or _is_bwrap(pid):
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def _group_members(self, replica: dict[str, Any]) -> list[int]:
         return [
@@ -453,6 +536,13 @@ class LocalBackend(Backend):
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _is_bwrap(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "bwrap"
+    except OSError:
+        return False
 
 
 class _Stat:

@@ -52,6 +52,7 @@ def instance_job(spec: InstanceSpec) -> JobSpec:
         devices=[spec.devices],
         cpu_cores=spec.cpu_cores,
         memory_gb=spec.memory_gb,
+        run_as=spec.run_as,
     )
 
 
@@ -67,6 +68,7 @@ def notebook_job(spec: NotebookSpec, env_dir: Path, *, ip: str) -> JobSpec:
         devices=[spec.devices],
         cpu_cores=spec.cpu_cores,
         memory_gb=spec.memory_gb,
+        run_as=spec.run_as,
     )
 
 

@@ -19,6 +19,8 @@ def backend_for(cluster: Any) -> Backend:
             env_root=str(settings.PORTAL_NOTEBOOK_ENV_DIR),
             notebook_start_timeout_s=float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S),
             owner=str(settings.PORTAL_WORK_DIR),
+            sandbox=str(settings.PORTAL_SANDBOX),
+            run_dir=str(settings.PORTAL_RUN_DIR),
         )
     if kind == "slurm":
         from django.conf import settings

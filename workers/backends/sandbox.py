@@ -1,0 +1,171 @@
+"""The sandbox every local workload runs in: bubblewrap (``bwrap``), as its workspace's account.
+
+What a sandboxed process sees (see docs/security.md for the threat model):
+
+- **Files**: the system's read-only directories (``/usr``, ``/etc``, ``/opt``, the Python it
+  runs on), the read-only paths its workload needs (its notebook environment), its workspace's
+  directory read-write, a private ``/tmp`` and ``/dev/shm``. Nothing else exists for it: not the
+  portal's data directory, database, logs or secret key, not another workspace's directory.
+- **Processes**: its own PID namespace (``--unshare-pid``), so no other process on the machine is
+  visible or can be signalled; its own IPC and UTS namespaces.
+- **Devices**: a minimal ``/dev`` plus exactly its own GPUs' device nodes (``/dev/nvidia<N>``)
+  and the driver's control nodes, not merely ``CUDA_VISIBLE_DEVICES``.
+- **Environment**: only what the caller passes (the workload's variables), never the portal's.
+- **Identity**: when the portal runs as root, the workload runs as its workspace's own Unix
+  account (``setpriv`` drops to it inside the sandbox, with no capabilities and
+  ``no_new_privs``); as an ordinary user, bubblewrap puts it in a user namespace of its own.
+
+**Lifetime.** The sandbox is started by the workload's wrapper, a small shell that leads its own
+session outside the sandbox and records the exit status: the wrapper, not the portal's worker, is
+bubblewrap's parent, so a portal restart leaves running work alone and reattaches to it (by the
+wrapper's pid). ``--die-with-parent`` ties the sandbox to the wrapper: when the wrapper is killed,
+every process in the sandbox dies with it, even one that left the process group. Stopping a
+workload sends SIGTERM to the processes inside (:func:`is_sandbox_process` tells them apart), so
+the workload gets its grace period, and SIGKILL to the whole group after it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.backends.base import BackendError, RunAs
+
+#: Read-only system directories bound into every sandbox, where they exist.
+SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+#: Merged-/usr symlinks, recreated inside the sandbox (Debian and Ubuntu have them).
+USR_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/lib32": "usr/lib32"}
+#: The NVIDIA driver's shared device nodes: every GPU workload needs them as well as its own GPUs'.
+NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+#: Environment the wrapper carries for the portal's own bookkeeping, removed inside the sandbox.
+WRAPPER_ONLY_ENV = ("PORTAL_OWNER",)
+
+
+@dataclass
+class Sandbox:
+    """How to wrap one workload's command: ``argv(command)`` gives what the wrapper execs.
+
+    ``writable`` are bound read-write (the workspace's directory), ``read_only`` read-only (its
+    environment, the notebook identity module); ``devices`` are GPU indices; ``run_as`` the
+    account to drop to (only when the portal runs as root); ``cwd`` the directory it starts in.
+    """
+
+    writable: list[str]
+    read_only: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    run_as: RunAs | None = None
+    cwd: str = "/"
+    bwrap: str = "bwrap"
+    dev_root: str = "/dev"
+
+    def argv(self, command: str) -> list[str]:
+        """bubblewrap's argv running ``bash -c command`` inside the sandbox."""
+        args = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args.append("--unshare-cgroup-try")
+        if os.geteuid() != 0:
+            args.append("--unshare-user")
+        args += ["--hostname", "sandbox"]
+        for path in _existing(SYSTEM_DIRS):
+            args += ["--ro-bind", path, path]
+        for link, target in USR_LINKS.items():
+            if os.path.islink(link):
+                args += ["--symlink", target, link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/var/tmp"]
+        args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        for node in device_nodes(self.devices, self.dev_root):
+            args += ["--dev-bind", node, node.replace(self.dev_root, "/dev", 1)]
+        read_only = [p for p in _dedupe([*python_prefixes(), *self.read_only]) if os.path.exists(p)]
+        writable = _dedupe(self.writable)
+        # bubblewrap would give the directories it makes on the way to a bind the modes of the
+        # host's (``/root`` is 0700): make them traversable, as they hold nothing but the binds.
+        for parent in _parents([*read_only, *writable]):
+            args += ["--perms", "0755", "--dir", parent]
+        for path in read_only:
+            args += ["--ro-bind", path, path]
+        for path in writable:
+            args += ["--bind", path, path]
+        for name in WRAPPER_ONLY_ENV:
+            args += ["--unsetenv", name]
+        args += ["--chdir", self.cwd, "--"]
+        if self.run_as is not None and os.geteuid() == 0:
+            args += [
+                "setpriv",
+                f"--reuid={self.run_as.uid}",
+                f"--regid={self.run_as.gid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+        return [*args, "bash", "-c", command]
+
+
+def device_nodes(devices: Iterable[str], dev_root: str = "/dev") -> list[str]:
+    """The device nodes of GPUs ``devices`` (indices) and the driver's control nodes, where
+    present. A workload without GPUs gets none: it cannot open any GPU at all."""
+    wanted = sorted({d for d in devices if d.isdigit()}, key=int)
+    if not wanted:
+        return []
+    nodes = [f"{dev_root}/nvidia{d}" for d in wanted]
+    nodes += [node.replace("/dev", dev_root, 1) for node in NVIDIA_CONTROL_NODES]
+    caps = Path(dev_root, "nvidia-caps")
+    if caps.is_dir():
+        nodes.append(str(caps))
+    return [n for n in nodes if os.path.exists(n)]
+
+
+def python_prefixes() -> list[str]:
+    """Where the interpreter behind the portal's virtualenvs lives: notebook environments link to
+    it, so it is bound read-only (it is under /usr on a system Python, elsewhere with pyenv)."""
+    prefixes = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    return sorted(p for p in prefixes if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS))
+
+
+def check_available(bwrap: str = "bwrap") -> str:
+    """Return bubblewrap's path, or raise a permanent ``BackendError`` saying how to get it.
+
+    A portal that cannot sandbox refuses to start user code (fail closed); the single-user
+    opt-out is ``PORTAL_SANDBOX=off``."""
+    path = shutil.which(bwrap)
+    if path is None:
+        raise BackendError(
+            "workloads cannot be sandboxed: bubblewrap (bwrap) is not installed. Install it "
+            "(apt-get install bubblewrap; deploy/run.sh does this), or, on a single-user "
+            "workstation only, set PORTAL_SANDBOX=off to run workloads unsandboxed.",
+            permanent=True,
+        )
+    return path
+
+
+def _parents(paths: Iterable[str]) -> list[str]:
+    """The ancestors of ``paths`` outside the system directories, top first, each once."""
+    found: list[str] = []
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(2, len(parts)):
+            parent = str(Path(*parts[:i]))
+            inside_system = any(parent == d or parent.startswith(d + "/") for d in SYSTEM_DIRS)
+            if not inside_system and parent not in found:
+                found.append(parent)
+    return found
+
+
+def _existing(paths: Iterable[str]) -> list[str]:
+    return [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
+
+
+def _dedupe(paths: Iterable[str]) -> list[str]:
+    seen: list[str] = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.append(real)
+    return seen
