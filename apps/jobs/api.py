@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import PurePosixPath
 from typing import Any
 
 from django.db.models import Prefetch
@@ -122,10 +123,11 @@ class JobViewSet(TenantViewSet):
         job = self.get_object()
         query = ArtifactQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        path = artifact_file(job, query.validated_data["path"])
-        if path is None:
+        path = query.validated_data["path"]
+        opened = artifact_file(job, path)
+        if opened is None:
             raise NotFound("This job has no such artifact.")
-        return FileResponse(path.open("rb"), as_attachment=True, filename=path.name)
+        return FileResponse(opened, as_attachment=True, filename=PurePosixPath(path).name)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])

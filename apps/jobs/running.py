@@ -11,7 +11,7 @@ import logging
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.conf import settings
 from django.db import transaction
@@ -25,6 +25,7 @@ from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, JobSpec, PolicyRefusal
+from workers.backends.files import open_inside
 from workers.backends.registry import backend_for
 
 logger = logging.getLogger(__name__)
@@ -208,14 +209,13 @@ def job_logs(job: Job, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
     return _backend(job).logs(replica, offset)
 
 
-def artifact_file(job: Job, path: str) -> Path | None:
-    """The file of one recorded artifact, or None."""
+def artifact_file(job: Job, path: str) -> BinaryIO | None:
+    """One recorded artifact, opened for reading (only a regular file really inside the job's
+    directory: never what a link planted there points to), or None."""
     run: dict[str, Any] = job.backend_state.get("run", {})
     if not run.get("job_dir") or not job.artifacts.filter(path=path).exists():
         return None
-    root = Path(run["job_dir"]).resolve()
-    candidate = (root / path).resolve()
-    return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+    return open_inside(run["job_dir"], path)
 
 
 def stop_local_jobs(reason: str = "the portal stopped") -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,16 @@ def slurm_answers() -> None:
         pytest.fail("sinfo did not answer in 15 s: start Slurm with `bash deploy/slurm.sh start`")
     if sinfo.returncode != 0 or not sinfo.stdout.strip():
         pytest.fail(f"Slurm does not answer ({sinfo.stderr.strip()}): start it with `bash deploy/slurm.sh start`")
+
+
+def shared_work_dir(tmp_path: Path) -> Path:
+    """A work directory the workspaces' accounts can reach, as a cluster's shared filesystem is:
+    pytest's own temporary directories are private to the user running the tests (0700)."""
+    work = Path(tempfile.mkdtemp(prefix="gpuportal-slurm-")) / "work"
+    work.parent.chmod(0o711)
+    work.mkdir(mode=0o711)
+    (tmp_path / "shared-work").symlink_to(work.parent)  # where a failing test's files can be found
+    return work
 
 
 @pytest.fixture
@@ -109,7 +120,7 @@ def portal(
     """Jobs start as soon as they are admitted, on Slurm (the 'local' cluster has room too, and would
     be tried first were they not sent to Slurm). Afterwards every Slurm job a test left is cancelled."""
     settings.PORTAL_WORKLOAD_TRIGGER = "inline"
-    settings.PORTAL_WORK_DIR = tmp_path / "work"
+    settings.PORTAL_WORK_DIR = shared_work_dir(tmp_path)
     yield Portal(world.client(world.alice), django_capture_on_commit_callbacks)
     left = [slurm_id(pk) for pk in Job.objects.values_list("pk", flat=True)]
     if any(left):

@@ -80,7 +80,17 @@ def test_a_restarted_portal_finds_its_slurm_job_by_id_and_records_its_exit(porta
     job = Job.objects.get(pk=job_id)
     assert (job.state, job.exit_code, job.failure_reason) == (Job.State.FAILED, 7, "failed with exit code 7")
     assert job.backend_state["run"]["job_id"] == running
-    sacct = subprocess.run(
-        ["sacct", "-j", running, "-X", "-n", "-P", "-o", "JobName,State,ExitCode"], capture_output=True, text=True
-    )
-    assert sacct.stdout.strip() == f"job-{job_id}|FAILED|7:0"
+    assert sacct_record(running) == f"job-{job_id}|FAILED|7:0"
+
+
+def sacct_record(slurm_job_id: str, timeout_s: float = 10.0) -> str:
+    """The job's accounting record once slurmdbd has it whole (its name comes in last, under load)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sacct = subprocess.run(
+            ["sacct", "-j", slurm_job_id, "-X", "-n", "-P", "-o", "JobName,State,ExitCode"], capture_output=True, text=True
+        )
+        record = sacct.stdout.strip()
+        if record.startswith("job-") or time.monotonic() > deadline:
+            return record
+        time.sleep(0.2)

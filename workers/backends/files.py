@@ -66,3 +66,36 @@ def dirs_between(top: Path, bottom: Path) -> list[Path]:
         return []
     parts = bottom.relative_to(top).parts
     return [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]
+
+
+def write_new_file(path: Path | str, text: str, run_as: RunAs | None, *, mode: int = 0o600) -> None:
+    """Write ``text`` to a fresh file at ``path`` (whatever was there, a planted link included, is
+    removed first, and the new file is created without following links), owned by ``run_as``
+    where the portal runs as root."""
+    path = Path(path)
+    try:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise BackendError(f"could not write {path}: {exc.strerror}", permanent=False) from exc
+    with os.fdopen(fd, "w") as out:
+        if run_as is not None and os.geteuid() == 0:
+            os.fchown(out.fileno(), run_as.uid, run_as.gid)
+        out.write(text)
+
+
+def check_reachable(path: Path | str, what: str) -> None:
+    """``BackendError(permanent=True)`` unless every directory above ``path`` lets other accounts
+    through (o+x): a workspace's account must reach its work directory and environment there."""
+    current = Path(os.path.abspath(path))
+    for parent in [*reversed(current.parents)][1:]:
+        try:
+            mode = os.stat(parent).st_mode
+        except OSError:
+            return  # made later by the portal, with modes of its choosing
+        if not mode & stat.S_IXOTH:
+            raise BackendError(
+                f"{what} {path} cannot be reached by the workspaces' accounts: {parent} is private "
+                f"(mode {stat.S_IMODE(mode):o}). Put it on storage the accounts can traverse (o+x).",
+                permanent=True,
+            )

@@ -45,7 +45,7 @@ from workers.backends.base import (
     Spec,
     Status,
 )
-from workers.backends.files import dirs_between, prepare_dir
+from workers.backends.files import dirs_between, open_inside, prepare_dir
 from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
 from workers.backends.sandbox import Sandbox, check_available
@@ -632,10 +632,14 @@ def walk_files(path: Path) -> Iterator[Path]:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        return _sha256_of_file(f)
+
+
+def _sha256_of_file(f: Any) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -687,14 +691,25 @@ def _tail(path: str, lines: int = 5) -> str:
     return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:])
 
 
-def read_log(path: str, offset: int) -> tuple[bytes, int]:
+def _open_log(path: str, root: str | None) -> Any:
+    """A log file: where ``root`` (a directory its workload can write) is given, only a regular
+    file really inside it, never what a planted link points to; else the portal's own file."""
+    if root is None:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            return None
+    return open_inside(root, os.path.relpath(path, root))
+
+
+def read_log(path: str, offset: int, *, root: str | None = None) -> tuple[bytes, int]:
     """Up to 1 MiB of a log file from ``offset``, and the offset to continue from."""
-    try:
-        with open(path, "rb") as log:
-            log.seek(offset)
-            data = log.read(_LOG_CHUNK)
-    except FileNotFoundError:
+    log = _open_log(path, root)
+    if log is None:
         return b"", offset
+    with log:
+        log.seek(offset)
+        data = log.read(_LOG_CHUNK)
     return data, offset + len(data)
 
 
@@ -703,22 +718,28 @@ def collect_artifacts(job_dir: Path, declared_paths: list[str]) -> list[Artifact
     found: dict[str, Artifact] = {}
     for declared in declared_paths:
         for path in walk_files(job_dir / declared):
-            real = path.resolve()
-            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal") or not real.is_file():
-                continue
             rel = path.relative_to(job_dir).as_posix()
-            found[rel] = Artifact(rel, real.stat().st_size, sha256_of(real))
+            real = path.resolve()
+            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal"):
+                continue
+            # Hashed through a file opened inside the job directory: a link swapped in meanwhile
+            # (the workspace's other workloads write here) cannot make the portal read elsewhere.
+            opened = open_inside(job_dir, real.relative_to(job_dir).as_posix())
+            if opened is None:
+                continue
+            with opened:
+                found[rel] = Artifact(rel, os.fstat(opened.fileno()).st_size, _sha256_of_file(opened))
     return sorted(found.values())
 
 
-def read_progress(path: str) -> Progress | None:
+def read_progress(path: str, *, root: str | None = None) -> Progress | None:
     """The last ``PROGRESS <fraction>`` line in a log's last 64 KiB, clamped to 0..1."""
-    try:
-        with open(path, "rb") as log:
-            log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
-            tail = log.read()
-    except FileNotFoundError:
+    log = _open_log(path, root)
+    if log is None:
         return None
+    with log:
+        log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
+        tail = log.read()
     matches = list(PROGRESS_RE.finditer(tail))
     if not matches:
         return None

@@ -39,9 +39,11 @@ from workers.backends.base import (
     NotebookSpec,
     PolicyRefusal,
     Progress,
+    RunAs,
     Spec,
     Status,
 )
+from workers.backends.files import check_reachable, dirs_between, prepare_dir, write_new_file
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
 from workers.backends.processes import instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
@@ -50,6 +52,8 @@ STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
 UNKNOWN_EXIT_CODE = 255  # ended without an exit code Slurm could report (node failure, refused)
 COMMAND_TIMEOUT_S = 20.0
+# (Slurm account, user) associations known to exist, so that sacctmgr is asked once per process.
+_KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
 
 
 #: States in which the job (or its teardown) may still have processes.
@@ -198,6 +202,8 @@ class SlurmBackend(Backend):
         sacct_path: str = "sacct",
         scancel_path: str = "scancel",
         scontrol_path: str = "scontrol",
+        sacctmgr_path: str = "sacctmgr",
+        accounts: bool = True,
         sacct_retries: int = 12,
         sacct_retry_delay_s: float = 0.25,
         env_root: str = "",
@@ -212,6 +218,8 @@ class SlurmBackend(Backend):
         self.sacct_path = sacct_path
         self.scancel_path = scancel_path
         self.scontrol_path = scontrol_path
+        self.sacctmgr_path = sacctmgr_path
+        self.accounts = accounts
         self.sacct_retries = sacct_retries
         self.sacct_retry_delay_s = sacct_retry_delay_s
         self.env_root = env_root
@@ -257,17 +265,20 @@ class SlurmBackend(Backend):
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
         validate_spec(spec)
-        job_dir = Path(spec.work_dir, spec.key).resolve()
+        run_as = spec.run_as if os.geteuid() == 0 else None
+        account = self._ensure_account(spec.workspace, run_as)
+        job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
         internal = job_dir / ".portal"
-        internal.mkdir(parents=True, exist_ok=True)
-        (job_dir / "artifacts").mkdir(exist_ok=True)
+        work_dir = Path(os.path.abspath(spec.work_dir))
+        self._prepare_dirs(spec.workspace, work_dir, [job_dir, internal, job_dir / "artifacts"], run_as)
         for stale in internal.glob("*.log"):
             stale.unlink()
         script = internal / "job.sh"
-        script.write_text(self._script(spec, job_dir))
-        (internal / "replica.sh").write_text(_replica_script(spec.command))
+        write_new_file(script, self._script(spec, job_dir), run_as, mode=0o700)
+        write_new_file(internal / "replica.sh", _replica_script(spec.command), run_as, mode=0o700)
         gpus = len(spec.devices[0]) if spec.devices else 0
         argv = [
+            *_as_user(run_as),
             self.sbatch_path,
             "--parsable",
             "-J",
@@ -287,6 +298,8 @@ class SlurmBackend(Backend):
             "--export=NONE",
             f"--comment={self.owner}",
         ]
+        if account:
+            argv.append(f"--account={account}")
         if gpus:
             argv.append(f"--gres=gpu:{gpus}")
         if spec.max_runtime_s is not None:
@@ -308,9 +321,47 @@ class SlurmBackend(Backend):
             "artifact_paths": spec.artifact_paths or ["artifacts"],
             "submitted_at": submitted_at,
             "nodes": [],
+            "user": run_as.user if run_as else "",
+            "account": account,
         }
         self._wait_running()
         return self._endpoint()
+
+    def _prepare_dirs(self, workspace: str, work_dir: Path, dirs: list[Path], run_as: RunAs | None) -> None:
+        """The workspace's directories, handed to its account (0700): its jobs' files are its own,
+        and no other workspace's account can read them. Compute nodes see them at the same path."""
+        if run_as is not None:
+            check_reachable(work_dir, "the work directory")
+        workspace_dir = Path(os.path.abspath(os.path.join(self.owner, workspace)))
+        top = workspace_dir if self.owner and work_dir.is_relative_to(workspace_dir) else work_dir
+        prepare_dir(top, run_as)
+        for directory in [*dirs_between(top, work_dir), *dirs]:
+            prepare_dir(directory, run_as)
+
+    def _ensure_account(self, workspace: str, run_as: RunAs | None) -> str:
+        """The workspace's Slurm account, with the workspace's Unix account as its user, created
+        with ``sacctmgr`` on first use so that Slurm's accounting and fair share see each tenant.
+        Empty where jobs are not submitted as the workspace's account (the portal is not root)."""
+        if run_as is None or not self.accounts:
+            return ""
+        account = workspace[:63]
+        if (account, run_as.user) in _KNOWN_ASSOCIATIONS:
+            return account
+        show = [self.sacctmgr_path, "-n", "-P", "show", "assoc", f"account={account}", f"user={run_as.user}"]
+        if not self._run([*show, "format=account"]).strip():
+            self._sacctmgr_add(
+                ["account", account, f"Description=GPU Portal workspace {workspace}", "Organization=gpuportal"]
+            )
+            self._sacctmgr_add(["user", run_as.user, f"account={account}"])
+        _KNOWN_ASSOCIATIONS.add((account, run_as.user))
+        return account
+
+    def _sacctmgr_add(self, args: list[str]) -> None:
+        try:
+            self._run([self.sacctmgr_path, "-i", "add", *args])
+        except BackendError as exc:
+            if "Nothing new added" not in exc.message and "already exists" not in exc.message:
+                raise
 
     def _start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
@@ -511,7 +562,7 @@ class SlurmBackend(Backend):
         logs = self._state.get("logs", [])
         if not 0 <= replica < len(logs):
             raise BackendError(f"no replica {replica}", permanent=True)
-        return read_log(logs[replica], offset)
+        return read_log(logs[replica], offset, root=self._state["job_dir"])
 
     def artifacts(self) -> list[Artifact]:
         """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
@@ -522,7 +573,7 @@ class SlurmBackend(Backend):
     def progress(self) -> Progress | None:
         """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
         logs = self._state.get("logs", [])
-        return read_progress(logs[0]) if logs else None
+        return read_progress(logs[0], root=self._state["job_dir"]) if logs else None
 
     def discover(self) -> list[GpuInfo]:
         """Every GPU of the partition's nodes, from ``scontrol show node -o`` (index ``node:i``)."""
@@ -546,6 +597,14 @@ def sweep_orphans(owner: str, *, keep_ids: set[str], keep_keys: set[str], squeue
     if orphans:
         run_command([scancel, *orphans])
     return orphans
+
+
+def _as_user(run_as: RunAs | None) -> list[str]:
+    """The prefix that runs a Slurm command as the workspace's account (``sbatch`` submits as
+    whoever runs it: the job then runs as that account on every node)."""
+    if run_as is None:
+        return []
+    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--"]
 
 
 def _in_partition(line: str, partition: str) -> bool:
