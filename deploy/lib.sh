@@ -61,3 +61,17 @@ ensure_node_modules() {
     echo "$want" > "$stamp"
   fi
 }
+
+# bubblewrap, the sandbox every workload runs in (docs/security.md). Without it the portal refuses
+# to start user code, unless PORTAL_SANDBOX=off opts out (a single-user workstation only).
+ensure_bubblewrap() {
+  if command -v bwrap >/dev/null 2>&1 || [ "${PORTAL_SANDBOX:-bwrap}" = off ]; then return 0; fi
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "Installing bubblewrap (the workloads' sandbox)..."
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
+  else
+    echo "GPU Portal runs every workload in a bubblewrap sandbox: install it (sudo apt-get install bubblewrap)," >&2
+    echo "or, on a single-user workstation only, set PORTAL_SANDBOX=off to run workloads unsandboxed." >&2
+    return 1
+  fi
+}

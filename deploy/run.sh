@@ -5,5 +5,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_venv
 ensure_node_modules
+ensure_bubblewrap
 cd "$ROOT"
 exec "$VENV/bin/python" -m portal.embedded "$@"

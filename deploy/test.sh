@@ -7,6 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$ROOT/deploy/services.sh"
 ensure_venv
 ensure_node_modules
+ensure_bubblewrap
 ensure_postgres
 ensure_redis
 ensure_chromium

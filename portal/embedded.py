@@ -69,6 +69,39 @@ def _wait_for_http(url: str, children: dict[str, subprocess.Popen[bytes]], timeo
     return False
 
 
+def secure_data_dir(data_dir: Path) -> None:
+    """The data directory is the portal's alone (0700), and so is everything in it (files 0600,
+    directories 0700), an older install's world-readable database and logs included. The
+    workspaces' directories and the notebook environments keep the modes the backends give them."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for entry in data_dir.iterdir():
+        if entry.name in ("work", "envs") or entry.is_symlink():
+            continue
+        for path in [entry, *(entry.rglob("*") if entry.is_dir() else [])]:
+            if not path.is_symlink():
+                path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+def sandbox_problem() -> str:
+    """Why workloads could not be sandboxed here ('' if they can): the portal then refuses to start."""
+    from workers.backends.base import BackendError
+    from workers.backends.sandbox import check_available
+
+    if os.environ.get("PORTAL_SANDBOX", "bwrap").strip().lower() == "off":
+        print(
+            "WARNING: PORTAL_SANDBOX=off: workloads are not sandboxed and run with the portal's own rights. "
+            "Use this on a single-user workstation only.",
+            flush=True,
+        )
+        return ""
+    try:
+        check_available()
+    except BackendError as exc:
+        return f"GPU Portal will not start user code unsandboxed: {exc.message}"
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
@@ -77,8 +110,14 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     data_dir = Path(os.environ.get("PORTAL_DATA_DIR", BASE_DIR / "var")).resolve()
+    os.umask(0o077)  # what the portal's processes write (database, logs, broker) is theirs alone
+    secure_data_dir(data_dir)
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    problem = sandbox_problem()
+    if problem:
+        print(problem, flush=True)
+        return 1
 
     print("Preparing the database and the demo...", flush=True)
     _manage("migrate", "--no-input", "-v", "0")

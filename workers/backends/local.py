@@ -98,6 +98,7 @@ class LocalBackend(Backend):
     workstation: workloads run as the portal's user, unconfined). ``run_dir`` is the portal's
     private directory for the wrappers' logs and exit files; ``owner`` (the portal's work
     directory) is also the root of the workspaces' directories, one of which a sandbox may write.
+    ``device_root`` is where the GPUs' device nodes are (``/dev``): a sandbox gets its own GPUs'.
     """
 
     name = "local"
@@ -113,11 +114,13 @@ class LocalBackend(Backend):
         owner: str = "",
         sandbox: str = "bwrap",
         run_dir: str = "",
+        device_root: str = "/dev",
     ) -> None:
         if sandbox not in SANDBOX_MODES:
             modes = ", ".join(SANDBOX_MODES)
             raise BackendError(f"unknown sandbox mode {sandbox!r}: use one of {modes}", permanent=True)
         self.sandbox = sandbox
+        self.device_root = device_root
         self.run_dir = run_dir or os.path.join(tempfile.gettempdir(), f"gpuportal-run-{os.geteuid()}")
         self._read_only: list[str] = []
         self.inventory = inventory
@@ -261,6 +264,7 @@ class LocalBackend(Backend):
             devices=devices,
             run_as=spec.run_as,
             cwd=self._state["job_dir"],
+            dev_root=self.device_root,
         )
         return sandbox.argv(command)
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -78,12 +79,26 @@ def ensure_env(packages: list[str], root: Path, python: str = sys.executable) ->
             pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
             _run([*pip, *requirements])
             (building / "requirements.txt").write_text("\n".join(requirements) + "\n")
+            _readable_by_all(building)
             (building / ".ready").write_text("")
             building.rename(target)
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
     return target
+
+
+def _readable_by_all(root: Path) -> None:
+    """Environments are read (never written) by every workspace's account: whatever the portal's
+    umask (the embedded portal's is 077), give everyone read and, where the owner has it, execute."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        extra = stat.S_IRGRP | stat.S_IROTH
+        if mode & stat.S_IXUSR or path.is_dir():
+            extra |= stat.S_IXGRP | stat.S_IXOTH
+        path.chmod((mode | extra) & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _run(argv: list[str]) -> None:

@@ -26,8 +26,10 @@ the workload gets its grace period, and SIGKILL to the whole group after it.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -142,7 +144,28 @@ def check_available(bwrap: str = "bwrap") -> str:
             "workstation only, set PORTAL_SANDBOX=off to run workloads unsandboxed.",
             permanent=True,
         )
+    problem = _probe(path)
+    if problem:
+        raise BackendError(
+            f"workloads cannot be sandboxed: bubblewrap cannot make a sandbox here ({problem}). Where the "
+            "portal runs as an ordinary user, user namespaces must be enabled (sysctl "
+            "kernel.unprivileged_userns_clone=1); in a container, allow them or run the portal as root.",
+            permanent=True,
+        )
     return path
+
+
+@functools.lru_cache(maxsize=4)
+def _probe(path: str) -> str:
+    """'' when bubblewrap can make a sandbox like the workloads' (namespaces, binds), else why not."""
+    argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--ro-bind", "/", "/", "--proc", "/proc"]
+    if os.geteuid() != 0:
+        argv.append("--unshare-user")
+    try:
+        done = subprocess.run([*argv, "--", "true"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit status {done.returncode}")[-300:]
 
 
 def _parents(paths: Iterable[str]) -> list[str]:

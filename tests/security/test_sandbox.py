@@ -1,0 +1,137 @@
+"""The sandbox's own guarantees, on the local backend: fail closed, only its own GPUs, a grace
+period on stop, a private data directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.jobs.actions import check_submit_job
+from apps.jobs.models import Job
+from portal.embedded import sandbox_problem, secure_data_dir
+from tests.personas import World
+from workers.backends import BackendError, JobSpec
+from workers.backends.local import LocalBackend
+from workers.backends.sandbox import device_nodes
+
+
+@pytest.fixture
+def started() -> Iterator[list[LocalBackend]]:
+    backends: list[LocalBackend] = []
+    yield backends
+    for backend in backends:
+        if backend.get_state():
+            backend.stop(grace_s=0)
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+    return result
+
+
+def finished(backend: LocalBackend) -> str:
+    wait_for(lambda: not backend.poll().running)
+    return backend.logs(0)[0].decode()
+
+
+def test_it_refuses_to_start_user_code_where_bubblewrap_is_missing(
+    world: World, settings: Any, tmp_path: Path, monkeypatch: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    settings.PORTAL_WORKLOAD_TRIGGER = "inline"
+    settings.PORTAL_WORK_DIR = tmp_path / "work"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+
+    with django_capture_on_commit_callbacks(execute=True):
+        job = check_submit_job(
+            world.team_a, name="job", command="echo ran", acting_user=world.alice, gpu_type="h100",
+            gpus_per_replica=Decimal("1"),
+        )  # fmt: skip
+
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert "cannot be sandboxed: bubblewrap (bwrap) is not installed" in job.failure_reason
+    assert "PORTAL_SANDBOX=off" in job.failure_reason
+    assert not (tmp_path / "work" / "team-a" / f"job-{job.pk}").exists() or not any(
+        (tmp_path / "work" / "team-a" / f"job-{job.pk}").iterdir()
+    )
+
+
+def test_the_embedded_portal_refuses_to_start_without_a_sandbox_and_says_why(monkeypatch: Any, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("PORTAL_SANDBOX", raising=False)
+    assert "not installed" in sandbox_problem()
+
+    monkeypatch.setenv("PORTAL_SANDBOX", "off")  # the explicit opt-out starts, with a warning
+    assert sandbox_problem() == ""
+
+
+def test_a_backend_without_bubblewrap_starts_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    backend = LocalBackend()
+    with pytest.raises(BackendError) as refused:
+        backend.start(JobSpec(key="job-1", workspace="ws", name="x", command="true", work_dir=str(tmp_path)))
+    assert refused.value.permanent
+    assert backend.get_state() == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
+def test_a_gpu_job_sees_only_its_own_gpus_device_nodes(tmp_path: Path, started: list[LocalBackend]) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
+        os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # stand-ins: /dev/null's numbers
+    backend = LocalBackend(device_root=str(dev))
+    started.append(backend)
+    spec = JobSpec(
+        key="job-1", workspace="ws", name="x", work_dir=str(tmp_path / "work"), devices=[["1", "3"]],
+        command='ls /dev | grep nvidia | tr "\\n" " "; echo; echo "$CUDA_VISIBLE_DEVICES"',
+    )  # fmt: skip
+    backend.start(spec)
+
+    visible, cvd = finished(backend).splitlines()
+
+    assert visible.split() == ["nvidia-uvm", "nvidia1", "nvidia3", "nvidiactl"]
+    assert cvd == "1,3"
+    assert device_nodes([]) == []  # a CPU job gets no GPU device at all
+
+
+def test_stop_gives_a_sandboxed_workload_its_grace_period(tmp_path: Path, started: list[LocalBackend]) -> None:
+    backend = LocalBackend()
+    started.append(backend)
+    command = 'trap "sleep 0.3; echo checkpointed > saved.txt; exit 0" TERM; echo ready; while :; do sleep 0.05; done'
+    backend.start(JobSpec(key="job-1", workspace="ws", name="x", command=command, work_dir=str(tmp_path)))
+    wait_for(lambda: backend.logs(0)[0] == b"ready\n")
+
+    backend.stop(grace_s=10)
+
+    assert (tmp_path / "job-1" / "saved.txt").read_text() == "checkpointed\n"
+    assert backend.poll().exit_code == 0
+
+
+def test_the_data_directory_is_the_portals_alone(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    (data / "logs").mkdir(parents=True)
+    (data / "work" / "team-a").mkdir(parents=True)
+    for path in (data / "portal.sqlite3", data / "logs" / "web.log"):
+        path.write_text("x")
+        path.chmod(0o644)
+    (data / "work" / "team-a").chmod(0o755)
+    data.chmod(0o755)
+
+    secure_data_dir(data)
+
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data / "logs").stat().st_mode) == 0o700
+    assert stat.S_IMODE((data / "portal.sqlite3").stat().st_mode) == 0o600
+    assert stat.S_IMODE((data / "logs" / "web.log").stat().st_mode) == 0o600
+    assert stat.S_IMODE((data / "work" / "team-a").stat().st_mode) == 0o755  # the backends' to manage
