@@ -2,8 +2,8 @@
 
 What a sandboxed process sees (see docs/security.md for the threat model):
 
-- **Files**: the system's read-only directories (``/usr``, ``/etc``, ``/opt``, the Python it
-  runs on), the read-only paths its workload needs (its notebook environment), its workspace's
+- **Files**: the system's read-only directories (``/usr``, ``/etc``, ``/opt``, ``/sys``, the
+  Python it runs on), the read-only paths its workload needs (its notebook environment), its workspace's
   directory read-write, a private ``/tmp`` and ``/dev/shm``. Nothing else exists for it: not the
   portal's data directory, database, logs or secret key, not another workspace's directory.
 - **Processes**: its own PID namespace (``--unshare-pid``), so no other process on the machine is
@@ -78,7 +78,8 @@ class Sandbox:
                 args += ["--symlink", target, link]
             elif os.path.isdir(link):
                 args += ["--ro-bind", link, link]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        # /sys read-only: the GPU driver's libraries (NVML, CUDA) read the PCI topology there.
+        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/var/tmp"]
         args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
         for node in device_nodes(self.devices, self.dev_root):
