@@ -273,6 +273,9 @@ PORTAL_PROXY_AUTH_TOKEN = env_secret("PORTAL_PROXY_AUTH_TOKEN")
 PORTAL_INTERNAL_URL = env_str("PORTAL_INTERNAL_URL", "http://127.0.0.1:8000")
 # Where the local and Slurm backends keep the notebook profiles' Python environments.
 PORTAL_NOTEBOOK_ENV_DIR = Path(env_str("PORTAL_NOTEBOOK_ENV_DIR", str(DATA_DIR / "envs")))
+# The Python that Slurm notebook environments are built with: the workspaces' accounts on the
+# cluster's nodes must be able to run it (empty: the portal's own interpreter).
+PORTAL_NOTEBOOK_PYTHON = env_str("PORTAL_NOTEBOOK_PYTHON", "")
 PORTAL_NOTEBOOK_START_TIMEOUT_S = env_int("PORTAL_NOTEBOOK_START_TIMEOUT_S", 120, minimum=5, maximum=3600)
 # A notebook or instance whose processes died is restarted this many times in a row, then failed.
 PORTAL_RESTART_LIMIT = env_int("PORTAL_RESTART_LIMIT", 3, minimum=0, maximum=100)

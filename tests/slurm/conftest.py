@@ -6,6 +6,7 @@ Every test here skips, saying why, only where Slurm's commands are not installed
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +40,11 @@ def slurm_answers() -> None:
         pytest.fail("sinfo did not answer in 15 s: start Slurm with `bash deploy/slurm.sh start`")
     if sinfo.returncode != 0 or not sinfo.stdout.strip():
         pytest.fail(f"Slurm does not answer ({sinfo.stderr.strip()}): start it with `bash deploy/slurm.sh start`")
+
+
+# Notebook environments for Slurm's nodes, built with the system's Python: pytest's and the
+# home directory's are private to the user running the tests.
+SHARED_ENV_DIR = Path(os.environ.get("PORTAL_TEST_SHARED_ENV_DIR", "/var/cache/gpuportal/test-envs"))
 
 
 def shared_work_dir(tmp_path: Path) -> Path:

@@ -87,9 +87,8 @@ def sacct_record(slurm_job_id: str, timeout_s: float = 10.0) -> str:
     """The job's accounting record once slurmdbd has it whole (its name comes in last, under load)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        sacct = subprocess.run(
-            ["sacct", "-j", slurm_job_id, "-X", "-n", "-P", "-o", "JobName,State,ExitCode"], capture_output=True, text=True
-        )
+        argv = ["sacct", "-j", slurm_job_id, "-X", "-n", "-P", "-o", "JobName,State,ExitCode"]
+        sacct = subprocess.run(argv, capture_output=True, text=True)
         record = sacct.stdout.strip()
         if record.startswith("job-") or time.monotonic() > deadline:
             return record

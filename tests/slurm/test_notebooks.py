@@ -4,7 +4,9 @@ same proxy as local notebooks, with the same auth; deleting them leaves nothing 
 
 from __future__ import annotations
 
+import subprocess
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -15,14 +17,19 @@ from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_register_cluster
 from tests.personas import World
 from tests.proxy import Proxy
-from tests.slurm.conftest import squeue
+from tests.slurm.conftest import SHARED_ENV_DIR, shared_work_dir, squeue
 
 
 def _token(user: Any) -> str:
     return Token.objects.get_or_create(user=user)[0].key
 
 
-def test_instance_and_notebook_run_as_slurm_jobs(proxy: Proxy, tx_world: World) -> None:
+def test_instance_and_notebook_run_as_slurm_jobs(proxy: Proxy, tx_world: World, settings: Any, tmp_path: Path) -> None:
+    # The workspace's account runs the server on the node: its directory and its environment (and
+    # the interpreter behind it) are on storage the accounts can reach, as a cluster's are.
+    settings.PORTAL_WORK_DIR = shared_work_dir(tmp_path)
+    settings.PORTAL_NOTEBOOK_ENV_DIR = SHARED_ENV_DIR
+    settings.PORTAL_NOTEBOOK_PYTHON = "/usr/bin/python3"
     do_register_cluster("slurm", kind="slurm", connection={"partition": "gpu"}, acting_user=tx_world.admin)
     NotebookProfile.objects.create(name="kernel-only", image="quay.io/jupyter/base-notebook", published=True)
     # Slurm's simulated nodes are small: 1 GPU, 1 core, 1 GB.
@@ -46,6 +53,8 @@ def test_instance_and_notebook_run_as_slurm_jobs(proxy: Proxy, tx_world: World) 
     assert notebook.state == Notebook.State.READY, notebook.failure_reason
     server = notebook.backend_state["run"]["job_id"]
     assert "RUNNING" in squeue(server)
+    users = subprocess.run(["squeue", "-h", "-j", f"{holder},{server}", "-o", "%u %a"], capture_output=True, text=True)
+    assert users.stdout.split("\n")[:2] == [f"gpw{tx_world.team_a.pk} team-a"] * 2  # the workspace's accounts
 
     status = f"{proxy.url}{notebook.url}api/status"
     assert requests.get(status, headers={"Authorization": f"Token {_token(tx_world.bob)}"}, timeout=10).ok

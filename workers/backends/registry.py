@@ -30,6 +30,7 @@ def backend_for(cluster: Any) -> Backend:
             env_root=str(settings.PORTAL_NOTEBOOK_ENV_DIR),
             notebook_start_timeout_s=float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S),
             owner=str(settings.PORTAL_WORK_DIR),
+            python=str(settings.PORTAL_NOTEBOOK_PYTHON),
         )
     if kind == "kubernetes":
         from workers.backends.kubernetes import KubernetesBackend  # the client is loaded only where it is used

@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from workers.backends.base import (
 )
 from workers.backends.files import check_reachable, dirs_between, prepare_dir, write_new_file
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
-from workers.backends.processes import instance_job, notebook_job, wait_answering
+from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, wait_answering
 from workers.backends.pyenv import ensure_env
 
 STATE_VERSION = 1
@@ -204,6 +205,7 @@ class SlurmBackend(Backend):
         scontrol_path: str = "scontrol",
         sacctmgr_path: str = "sacctmgr",
         accounts: bool = True,
+        python: str = "",
         sacct_retries: int = 12,
         sacct_retry_delay_s: float = 0.25,
         env_root: str = "",
@@ -225,7 +227,9 @@ class SlurmBackend(Backend):
         self.env_root = env_root
         self.owner = owner
         self.notebook_start_timeout_s = notebook_start_timeout_s
+        self.python = python or sys.executable
         self._state: dict[str, Any] = {}
+        self._extra_files: dict[str, str] = {}  # written under the job's .portal/ at start
 
     def _run(self, argv: list[str]) -> str:
         return run_command(argv, self.command_timeout_s)
@@ -276,6 +280,9 @@ class SlurmBackend(Backend):
         script = internal / "job.sh"
         write_new_file(script, self._script(spec, job_dir), run_as, mode=0o700)
         write_new_file(internal / "replica.sh", _replica_script(spec.command), run_as, mode=0o700)
+        for relative, text in self._extra_files.items():
+            prepare_dir((internal / relative).parent, run_as)
+            write_new_file(internal / relative, text, run_as)
         gpus = len(spec.devices[0]) if spec.devices else 0
         argv = [
             *_as_user(run_as),
@@ -330,10 +337,10 @@ class SlurmBackend(Backend):
     def _prepare_dirs(self, workspace: str, work_dir: Path, dirs: list[Path], run_as: RunAs | None) -> None:
         """The workspace's directories, handed to its account (0700): its jobs' files are its own,
         and no other workspace's account can read them. Compute nodes see them at the same path."""
-        if run_as is not None:
-            check_reachable(work_dir, "the work directory")
         workspace_dir = Path(os.path.abspath(os.path.join(self.owner, workspace)))
         top = workspace_dir if self.owner and work_dir.is_relative_to(workspace_dir) else work_dir
+        if run_as is not None:
+            check_reachable(top, "the work directory")
         prepare_dir(top, run_as)
         for directory in [*dirs_between(top, work_dir), *dirs]:
             prepare_dir(directory, run_as)
@@ -379,9 +386,19 @@ class SlurmBackend(Backend):
         running = self._state and self._state.get("key") == spec.key and "final" not in self._state
         if running and self._live_state() is not None:
             return self._notebook_endpoint()
-        env = ensure_env(spec.python_packages, Path(self.env_root))
+        env = ensure_env(spec.python_packages, Path(self.env_root), self.python)
         node_addr = "$(scontrol show node \"$SLURMD_NODENAME\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')"
         server = notebook_job(spec, env, ip=f'"{node_addr}"')
+        if spec.run_as is not None and os.geteuid() == 0:
+            # The server runs as the workspace's account: it must reach the environment (and the
+            # interpreter behind it), and gets its own copy of the portal's identity module.
+            check_reachable(env, "the notebook environment")
+            check_reachable(os.path.realpath(env / "bin" / "python"), "the notebook environment's Python")
+            identity = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key))) / ".portal" / "identity"
+            self._extra_files = {
+                f"identity/{module.name}": module.read_text() for module in sorted(IDENTITY_MODULES.glob("*.py"))
+            }
+            server.env["PYTHONPATH"] = str(identity)
         self.start(server)
         self._state["kind"] = "notebook"
         self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
