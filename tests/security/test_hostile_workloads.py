@@ -224,3 +224,32 @@ def sandboxed(wrapper_pid: int) -> list[int]:
             found.append(int(entry))
     assert found, f"no sandboxed process in the group of {wrapper_pid}"
     return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="entering another sandbox's namespaces needs root")
+def test_a_process_on_a_sandboxed_instance_reaches_nothing_either(scene: Scene) -> None:
+    """A process started inside a team-a instance's sandbox (its namespaces, its account), as a
+    shell on the instance would be, runs the same attack."""
+    client = scene.world.client(scene.world.alice)
+    with scene.capture(execute=True):
+        body = {"workspace": "team-a", "name": "box", "profile": "gpu-1"}
+        response = client.post("/api/v1/instances/", body, format="json")
+    assert response.status_code == 201, response.content
+    from apps.compute.models import Instance
+
+    instance = Instance.objects.get(pk=response.json()["id"])
+    assert instance.state == Instance.State.RUNNING, instance.failure_reason
+    holder = sandboxed(instance.backend_state["run"]["replicas"][0]["pid"])[0]
+    uid = Path(f"/proc/{holder}").stat().st_uid
+    try:
+        entered = subprocess.run(
+            ["nsenter", "-t", str(holder), "-m", "-p", "-i", "-u", "-S", str(uid), "-G", str(uid), "--",
+             "python3", "-c", ATTACK, json.dumps(scene.targets)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        from apps.compute.running import stop_local_compute
+
+        stop_local_compute()
+    assert uid == django_settings.PORTAL_WORKSPACE_UID_MIN + scene.world.team_a.pk
+    assert leaks_in(entered.stdout) == set(), entered.stderr
