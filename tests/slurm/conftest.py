@@ -47,14 +47,15 @@ def slurm_answers() -> None:
 SHARED_ENV_DIR = Path(os.environ.get("PORTAL_TEST_SHARED_ENV_DIR", "/var/cache/gpuportal/test-envs"))
 
 
-def shared_work_dir(tmp_path: Path) -> Path:
+@pytest.fixture
+def shared_work() -> Iterator[Path]:
     """A work directory the workspaces' accounts can reach, as a cluster's shared filesystem is:
     pytest's own temporary directories are private to the user running the tests (0700)."""
     work = Path(tempfile.mkdtemp(prefix="gpuportal-slurm-")) / "work"
     work.parent.chmod(0o711)
     work.mkdir(mode=0o711)
-    (tmp_path / "shared-work").symlink_to(work.parent)  # where a failing test's files can be found
-    return work
+    yield work
+    shutil.rmtree(work.parent, ignore_errors=True)
 
 
 @pytest.fixture
@@ -121,12 +122,12 @@ class Portal:
 
 @pytest.fixture
 def portal(
-    world: World, slurm: Cluster, settings: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any
+    world: World, slurm: Cluster, settings: Any, shared_work: Path, django_capture_on_commit_callbacks: Any
 ) -> Iterator[Portal]:
     """Jobs start as soon as they are admitted, on Slurm (the 'local' cluster has room too, and would
     be tried first were they not sent to Slurm). Afterwards every Slurm job a test left is cancelled."""
     settings.PORTAL_WORKLOAD_TRIGGER = "inline"
-    settings.PORTAL_WORK_DIR = shared_work_dir(tmp_path)
+    settings.PORTAL_WORK_DIR = shared_work
     yield Portal(world.client(world.alice), django_capture_on_commit_callbacks)
     left = [slurm_id(pk) for pk in Job.objects.values_list("pk", flat=True)]
     if any(left):

@@ -17,17 +17,19 @@ from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_register_cluster
 from tests.personas import World
 from tests.proxy import Proxy
-from tests.slurm.conftest import SHARED_ENV_DIR, shared_work_dir, squeue
+from tests.slurm.conftest import SHARED_ENV_DIR, squeue
 
 
 def _token(user: Any) -> str:
     return Token.objects.get_or_create(user=user)[0].key
 
 
-def test_instance_and_notebook_run_as_slurm_jobs(proxy: Proxy, tx_world: World, settings: Any, tmp_path: Path) -> None:
+def test_instance_and_notebook_run_as_slurm_jobs(
+    proxy: Proxy, tx_world: World, settings: Any, shared_work: Path
+) -> None:
     # The workspace's account runs the server on the node: its directory and its environment (and
     # the interpreter behind it) are on storage the accounts can reach, as a cluster's are.
-    settings.PORTAL_WORK_DIR = shared_work_dir(tmp_path)
+    settings.PORTAL_WORK_DIR = shared_work
     settings.PORTAL_NOTEBOOK_ENV_DIR = SHARED_ENV_DIR
     settings.PORTAL_NOTEBOOK_PYTHON = "/usr/bin/python3"
     do_register_cluster("slurm", kind="slurm", connection={"partition": "gpu"}, acting_user=tx_world.admin)
