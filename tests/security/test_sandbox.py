@@ -135,3 +135,39 @@ def test_the_data_directory_is_the_portals_alone(tmp_path: Path) -> None:
     assert stat.S_IMODE((data / "portal.sqlite3").stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "logs" / "web.log").stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "work" / "team-a").stat().st_mode) == 0o755  # the backends' to manage
+
+
+@pytest.mark.parametrize("variable", ["BASH_ENV", "LD_PRELOAD"])
+def test_a_workloads_variables_never_act_outside_its_sandbox(
+    variable: str, tmp_path: Path, started: list[LocalBackend]
+) -> None:
+    """The wrapper outside the sandbox runs with the portal's rights: a variable that makes bash
+    source a file (or the loader preload a library) must not reach it, nor any command line."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "evil.sh").write_text(f"id -u >> {outside}/ran-as\n")
+    value = str(outside / "evil.sh") if variable == "BASH_ENV" else str(outside / "missing.so")
+    backend = LocalBackend()
+    started.append(backend)
+    spec = JobSpec(key="job-1", workspace="ws", name="x", command="echo started; sleep 1; echo done",
+                   work_dir=str(tmp_path / "ws"), env={variable: value, "API_KEY": "team-a-secret-value"})  # fmt: skip
+    backend.start(spec)
+    wait_for(lambda: b"started" in backend.logs(0)[0])
+    wrapper = backend.get_state()["replicas"][0]["pid"]
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in [wrapper, *_group(wrapper)]]
+
+    assert finished(backend).strip().endswith("done")
+    assert not (outside / "ran-as").exists()
+    assert not any(b"team-a-secret-value" in cmdline for cmdline in cmdlines)
+
+
+def _group(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        if stat_line and int(stat_line[stat_line.rindex(")") + 2 :].split()[2]) == pgid:
+            members.append(int(entry))
+    return members

@@ -60,6 +60,7 @@ _DEVICE_RE = re.compile(r"^[0-9]{1,3}$")
 PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
 _RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+_WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LOG_CHUNK = 1 << 20
 _PROGRESS_TAIL = 64 << 10
 
@@ -255,10 +256,13 @@ class LocalBackend(Backend):
         path.mkdir(mode=0o700, exist_ok=True)
         return path
 
-    def _command_argv(self, spec: JobSpec, command: str, devices: list[str]) -> list[str]:
+    def _command_argv(self, spec: JobSpec, command: str, devices: list[str], args_fd: int | None) -> list[str]:
         if self.sandbox == "off":
             return ["bash", "-c", command]
-        sandbox = Sandbox(
+        return self._sandbox(spec, devices).argv(command, args_fd)
+
+    def _sandbox(self, spec: JobSpec, devices: list[str]) -> Sandbox:
+        return Sandbox(
             writable=[self._state["workspace_dir"]],
             read_only=list(self._read_only),
             devices=devices,
@@ -266,7 +270,6 @@ class LocalBackend(Backend):
             cwd=self._state["job_dir"],
             dev_root=self.device_root,
         )
-        return sandbox.argv(command)
 
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
         job_dir = Path(self._state["job_dir"])
@@ -289,18 +292,30 @@ class LocalBackend(Backend):
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
-        command = self._command_argv(spec, spec.command, devices)
+        wrapper_env = env
+        args_fd = None
+        if self.sandbox != "off":
+            # The wrapper runs with the portal's rights: it gets none of the workload's variables
+            # (BASH_ENV, LD_PRELOAD...), which go to the sandbox through a file descriptor.
+            wrapper_env = {"PATH": _WRAPPER_PATH, "PORTAL_JOB_KEY": spec.key, "PORTAL_OWNER": self.owner}
+            args_fd = _memfd(self._sandbox(spec, devices).env_args(env))
+        command = self._command_argv(spec, spec.command, devices, args_fd)
         argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, *command]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                argv,
-                cwd=job_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        try:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=job_dir,
+                    env=wrapper_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(args_fd,) if args_fd is not None else (),
+                )
+        finally:
+            if args_fd is not None:
+                os.close(args_fd)
         self._procs[rank] = proc
         stat = _read_stat(proc.pid)
         self._state["replicas"].append(
@@ -540,6 +555,14 @@ class LocalBackend(Backend):
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _memfd(data: bytes) -> int:
+    """An anonymous file holding ``data``, positioned at its start, for a child to read."""
+    fd = os.memfd_create("portal-sandbox-args")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _is_bwrap(pid: int) -> bool:

@@ -11,6 +11,9 @@ What a sandboxed process sees (see docs/security.md for the threat model):
 - **Devices**: a minimal ``/dev`` plus exactly its own GPUs' device nodes (``/dev/nvidia<N>``)
   and the driver's control nodes, not merely ``CUDA_VISIBLE_DEVICES``.
 - **Environment**: only what the caller passes (the workload's variables), never the portal's.
+  The variables reach bubblewrap through a file descriptor, not its command line, and the
+  wrapper outside the sandbox, which runs as the portal, never sees them: a variable such as
+  ``BASH_ENV`` or ``LD_PRELOAD`` must not act on a process with the portal's rights.
 - **Identity**: when the portal runs as root, the workload runs as its workspace's own Unix
   account (``setpriv`` drops to it inside the sandbox, with no capabilities and
   ``no_new_privs``); as an ordinary user, bubblewrap puts it in a user namespace of its own.
@@ -43,8 +46,6 @@ SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/lib32": "usr/lib32"}
 #: The NVIDIA driver's shared device nodes: every GPU workload needs them as well as its own GPUs'.
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-#: Environment the wrapper carries for the portal's own bookkeeping, removed inside the sandbox.
-WRAPPER_ONLY_ENV = ("PORTAL_OWNER",)
 
 
 @dataclass
@@ -64,9 +65,20 @@ class Sandbox:
     bwrap: str = "bwrap"
     dev_root: str = "/dev"
 
-    def argv(self, command: str) -> list[str]:
-        """bubblewrap's argv running ``bash -c command`` inside the sandbox."""
-        args = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    def env_args(self, env: dict[str, str]) -> bytes:
+        """bubblewrap's options giving the sandbox exactly ``env`` (and nothing of its parent's),
+        NUL-separated, for ``--args FD``: the values stay out of every process's command line,
+        which any account on the machine can read."""
+        options = ["--clearenv"]
+        for key, value in env.items():
+            options += ["--setenv", key, value]
+        return b"".join(option.encode() + b"\0" for option in options)
+
+    def argv(self, command: str, args_fd: int | None = None) -> list[str]:
+        """bubblewrap's argv running ``bash -c command`` inside the sandbox; ``args_fd`` is a file
+        descriptor holding :meth:`env_args`, read by bubblewrap before it starts the command."""
+        args = [self.bwrap, *(["--args", str(args_fd)] if args_fd is not None else [])]
+        args += ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args.append("--unshare-cgroup-try")
         if os.geteuid() != 0:
             args.append("--unshare-user")
@@ -94,8 +106,6 @@ class Sandbox:
             args += ["--ro-bind", path, path]
         for path in writable:
             args += ["--bind", path, path]
-        for name in WRAPPER_ONLY_ENV:
-            args += ["--unsetenv", name]
         args += ["--chdir", self.cwd, "--"]
         if self.run_as is not None and os.geteuid() == 0:
             args += [

@@ -98,8 +98,8 @@ _PERMANENT_ERRORS = (
 )
 
 
-def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
-    """Run ``argv`` (no shell) and return its stdout.
+def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None) -> str:
+    """Run ``argv`` (no shell) and return its stdout; ``env`` replaces the worker's environment.
 
     A timeout or a non-zero exit raises ``BackendError`` (transient), except when the error text
     is a refusal that retrying cannot change: ``PolicyRefusal`` for a request the user can fix,
@@ -114,6 +114,7 @@ def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
             check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired as exc:
         raise BackendError(f"{argv[0]} timed out after {timeout:g}s", permanent=False) from exc
@@ -313,7 +314,9 @@ class SlurmBackend(Backend):
             argv.append(f"--time={max(1, math.ceil(spec.max_runtime_s / 60))}")
         argv.append(str(script))
         submitted_at = time.time()
-        out = self._run(argv).strip()
+        # Submitted as the workspace's account: with none of the worker's environment, which holds
+        # the portal's secrets and which that account's other processes could read meanwhile.
+        out = run_command(argv, self.command_timeout_s, env=_user_env() if run_as else None).strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch printed no job id: {out!r}", permanent=False)
@@ -614,6 +617,12 @@ def sweep_orphans(owner: str, *, keep_ids: set[str], keep_keys: set[str], squeue
     if orphans:
         run_command([scancel, *orphans])
     return orphans
+
+
+def _user_env() -> dict[str, str]:
+    """The environment of a Slurm command run as a workspace's account: only what Slurm's tools need."""
+    keep = ("PATH", "LANG", "LC_ALL", "TZ", "SLURM_CONF")
+    return {k: os.environ[k] for k in keep if k in os.environ} | {"HOME": "/nonexistent"}
 
 
 def _as_user(run_as: RunAs | None) -> list[str]:
