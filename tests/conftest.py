@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,22 @@ def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
             yield running
         finally:
             stop_everything_of(str(settings.PORTAL_WORK_DIR))
+
+
+# Notebook environments for Slurm's nodes, built with the system's Python: pytest's and the
+# home directory's are private to the user running the tests.
+SHARED_ENV_DIR = Path(os.environ.get("PORTAL_TEST_SHARED_ENV_DIR", "/var/cache/gpuportal/test-envs"))
+
+
+@pytest.fixture
+def shared_work() -> Iterator[Path]:
+    """A work directory the workspaces' accounts can reach, as a cluster's shared filesystem is:
+    pytest's own temporary directories are private to the user running the tests (0700)."""
+    work = Path(tempfile.mkdtemp(prefix="gpuportal-slurm-")) / "work"
+    work.parent.chmod(0o711)
+    work.mkdir(mode=0o711)
+    yield work
+    shutil.rmtree(work.parent, ignore_errors=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

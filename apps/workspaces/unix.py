@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 from typing import Any
 
@@ -21,6 +22,7 @@ from apps.workspaces.models import Workspace
 from workers.backends.base import BackendError, RunAs
 
 USERADD_TIMEOUT_S = 30.0
+SBIN_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 
 
 def account_name(workspace: Workspace) -> str:
@@ -103,6 +105,7 @@ def _useradd(name: str, uid: int, comment: str) -> None:
          "--shell", "/usr/sbin/nologin", "--comment", comment, name],
     ]  # fmt: skip
     for argv in commands:
+        argv = [shutil.which(argv[0], path=SBIN_PATH) or argv[0], *argv[1:]]  # a worker's PATH may lack sbin
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=USERADD_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -73,7 +73,7 @@ def run_in_kernel(notebook: Notebook, code: str) -> str:
         header=[f"{k}: {v}" for k, v in headers.items()],
         timeout=60,
     )
-    msg_id, output = uuid.uuid4().hex, []
+    msg_id, output, replied, idle = uuid.uuid4().hex, [], False, False
     header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": msg_id, "version": "5.3"}
     content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False}
     request = {"header": header, "parent_header": {}, "metadata": {}, "channel": "shell", "content": content}
@@ -89,6 +89,10 @@ def run_in_kernel(notebook: Notebook, code: str) -> str:
             elif message["msg_type"] == "error":
                 raise AssertionError(message["content"])
             elif message["msg_type"] == "execute_reply":
+                replied = True
+            elif message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                idle = True  # after every output of the cell (the reply may come first)
+            if replied and idle:
                 return "".join(output)
         raise AssertionError("the cell did not finish within 60 s")
     finally:

@@ -6,10 +6,8 @@ Every test here skips, saying why, only where Slurm's commands are not installed
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,22 +38,6 @@ def slurm_answers() -> None:
         pytest.fail("sinfo did not answer in 15 s: start Slurm with `bash deploy/slurm.sh start`")
     if sinfo.returncode != 0 or not sinfo.stdout.strip():
         pytest.fail(f"Slurm does not answer ({sinfo.stderr.strip()}): start it with `bash deploy/slurm.sh start`")
-
-
-# Notebook environments for Slurm's nodes, built with the system's Python: pytest's and the
-# home directory's are private to the user running the tests.
-SHARED_ENV_DIR = Path(os.environ.get("PORTAL_TEST_SHARED_ENV_DIR", "/var/cache/gpuportal/test-envs"))
-
-
-@pytest.fixture
-def shared_work() -> Iterator[Path]:
-    """A work directory the workspaces' accounts can reach, as a cluster's shared filesystem is:
-    pytest's own temporary directories are private to the user running the tests (0700)."""
-    work = Path(tempfile.mkdtemp(prefix="gpuportal-slurm-")) / "work"
-    work.parent.chmod(0o711)
-    work.mkdir(mode=0o711)
-    yield work
-    shutil.rmtree(work.parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -15,9 +15,10 @@ from rest_framework.authtoken.models import Token
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_register_cluster
+from tests.conftest import SHARED_ENV_DIR
 from tests.personas import World
 from tests.proxy import Proxy
-from tests.slurm.conftest import SHARED_ENV_DIR, squeue
+from tests.slurm.conftest import squeue
 
 
 def _token(user: Any) -> str:

@@ -25,6 +25,7 @@ from apps.compute.models import Instance, Notebook
 from apps.compute.running import reconcile_compute
 from apps.inventory.actions import do_register_cluster
 from portal.celery import app
+from tests.conftest import SHARED_ENV_DIR
 from tests.personas import World
 from tests.proxy import Proxy
 from tests.workers.conftest import ROOT, _database_url_for
@@ -41,6 +42,7 @@ def _start_worker(queue: str, settings: Any) -> subprocess.Popen[bytes]:
         "PORTAL_WORKLOAD_TRIGGER": "off",
         "PORTAL_WORK_DIR": str(settings.PORTAL_WORK_DIR),
         "PORTAL_NOTEBOOK_ENV_DIR": str(settings.PORTAL_NOTEBOOK_ENV_DIR),
+        "PORTAL_NOTEBOOK_PYTHON": str(settings.PORTAL_NOTEBOOK_PYTHON),
         "PORTAL_PROXY_API_URL": settings.PORTAL_PROXY_API_URL,
         "PORTAL_PROXY_AUTH_TOKEN": settings.PORTAL_PROXY_AUTH_TOKEN,
         "PORTAL_INTERNAL_URL": settings.PORTAL_INTERNAL_URL,
@@ -106,10 +108,14 @@ def worker_queue(proxy: Proxy, settings: Any) -> Iterator[str]:
 
 @pytest.mark.parametrize("cluster", ["local", "slurm"])
 def test_worker_killed_mid_provisioning_converges_without_orphans(
-    cluster: str, proxy: Proxy, worker_queue: str, tx_world: World, settings: Any
+    cluster: str, proxy: Proxy, worker_queue: str, tx_world: World, settings: Any, shared_work: Path
 ) -> None:
     target = None
     if cluster == "slurm":
+        # The notebook runs as the workspace's account: on storage it can reach, as a cluster's.
+        settings.PORTAL_WORK_DIR = shared_work
+        settings.PORTAL_NOTEBOOK_ENV_DIR = SHARED_ENV_DIR
+        settings.PORTAL_NOTEBOOK_PYTHON = "/usr/bin/python3"
         target = do_register_cluster("slurm", kind="slurm", connection={"partition": "gpu"}, acting_user=tx_world.admin)
     profile = ComputeProfile.objects.create(
         name="gpu-small", gpu_type="h100", gpu_count=Decimal(1), cpu_cores=1, memory_gb=1, published=True
