@@ -4,7 +4,10 @@ period on stop, a private data directory."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -171,3 +174,30 @@ def _group(pgid: int) -> list[int]:
         if stat_line and int(stat_line[stat_line.rindex(")") + 2 :].split()[2]) == pgid:
             members.append(int(entry))
     return members
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming an ordinary user needs root")
+def test_a_portal_run_by_an_ordinary_user_sandboxes_in_a_user_namespace(request: Any) -> None:
+    """A researcher's workstation: the portal is not root, bubblewrap makes a user namespace."""
+    repo = Path(__file__).resolve().parents[2]
+    workspace = Path(tempfile.mkdtemp(prefix="gpuportal-userns-"))  # pytest's own are private to root
+    os.chown(workspace, 65534, 65534)
+    request.addfinalizer(lambda: shutil.rmtree(workspace, ignore_errors=True))
+    script = (
+        "import subprocess, sys\n"
+        "from workers.backends.sandbox import Sandbox\n"
+        "command = 'id -u; ls /; ls /proc | grep -c \"^[0-9]\"; touch made-here'\n"
+        "argv = Sandbox(writable=[sys.argv[1]], cwd=sys.argv[1]).argv(command)\n"
+        "done = subprocess.run(argv, capture_output=True, text=True)\n"
+        "print(done.stdout, done.stderr)\n"
+    )
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script]
+    done = subprocess.run([*as_nobody, str(workspace)], capture_output=True, text=True, env={"PYTHONPATH": str(repo)})
+    if "No module named 'workers'" in done.stderr:
+        pytest.skip(f"the checkout {repo} cannot be read by an ordinary user")
+
+    lines = done.stdout.split()
+    assert lines[0] == "65534", done.stdout + done.stderr
+    assert "root" not in lines and "work" not in lines  # only the system's directories and its binds
+    assert int(lines[-1]) <= 4  # bubblewrap's init, the shell, ls and grep: no other process
+    assert (workspace / "made-here").exists()
