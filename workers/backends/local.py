@@ -305,7 +305,9 @@ class LocalBackend(Backend):
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     argv,
-                    cwd=job_dir,
+                    # A sandbox starts in the job's directory (--chdir); its wrapper, with the
+                    # portal's rights, stays out of a directory user code can change.
+                    cwd=job_dir if self.sandbox == "off" else self._state["run_dir"],
                     env=wrapper_env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
