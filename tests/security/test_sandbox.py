@@ -201,3 +201,11 @@ def test_a_portal_run_by_an_ordinary_user_sandboxes_in_a_user_namespace(request:
     assert "root" not in lines and "work" not in lines  # only the system's directories and its binds
     assert int(lines[-1]) <= 4  # bubblewrap's init, the shell, ls and grep: no other process
     assert (workspace / "made-here").exists()
+
+
+def test_the_deployment_check_names_an_unsandboxed_portal(settings: Any) -> None:
+    from apps.compute.checks import check_sandbox
+
+    assert check_sandbox() == []
+    settings.PORTAL_SANDBOX = "off"
+    assert [message.id for message in check_sandbox()] == ["gpuportal.W001"]
