@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from tests.backends.kmock_cluster import Emulator, running_emulator
+from tests.backends.test_kubernetes_isolation import Pod, ingress_allowed, restricted_violations
 from workers.backends import BackendError, JobSpec, PolicyRefusal, Status
 from workers.backends import kubernetes_objects as ko
+from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import InstanceSpec, NotebookSpec
 from workers.backends.kubernetes import KubernetesBackend, _workload_name
 from workers.backends.registry import backend_for
@@ -165,10 +167,10 @@ def test_a_vcluster_instance_is_its_host_namespace_and_a_helm_installer(cluster:
     assert endpoint.url == "https://vc-dev.vc.example.org"
     assert cluster.get(f"/api/v1/namespaces/{NS}/resourcequotas/gpuportal-quota") is not None
     assert cluster.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/gpuportal-edit") is None
-    values = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/{ko.VCLUSTER_INSTALLER}")
+    values = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/{kv.VCLUSTER_INSTALLER}")
     assert values is not None
     assert yaml.safe_load(values["data"]["values.yaml"])["exportKubeConfig"]["server"] == endpoint.url
-    installer_path = f"/apis/batch/v1/namespaces/{NS}/jobs/{ko.VCLUSTER_INSTALLER}"
+    installer_path = f"/apis/batch/v1/namespaces/{NS}/jobs/{kv.VCLUSTER_INSTALLER}"
     installer = cluster.get(installer_path)
     assert installer is not None and installer["spec"]["template"]["spec"]["containers"][0]["command"][0] == "helm"
     assert k8s.poll().running
@@ -194,8 +196,8 @@ def test_it_refuses_instance_kinds_it_cannot_run(cluster: Emulator) -> None:
 # -- notebooks --------------------------------------------------------------------------------------------
 
 
-def notebook_spec(instance_state: dict[str, Any]) -> NotebookSpec:
-    return NotebookSpec(
+def notebook_spec(instance_state: dict[str, Any], **overrides: Any) -> NotebookSpec:
+    fields: dict[str, Any] = dict(
         key="notebook-3",
         workspace="vision",
         name="lab",
@@ -208,6 +210,7 @@ def notebook_spec(instance_state: dict[str, Any]) -> NotebookSpec:
         memory_gb=8,
         instance_state=instance_state,
     )
+    return NotebookSpec(**(fields | overrides))
 
 
 def test_a_notebook_runs_in_its_instances_namespace_and_stops(cluster: Emulator) -> None:
@@ -398,6 +401,140 @@ def test_it_refuses_env_that_the_gang_sets(cluster: Emulator) -> None:
     with pytest.raises(PolicyRefusal):
         backend(cluster).start(job_spec(env={"RANK": "3"}))
     assert cluster.get(JOB_PATH) is None
+
+
+# -- isolation --------------------------------------------------------------------------------------------
+
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies/{}"
+
+
+def stored_policies(cluster: Emulator, namespace: str, *names: str) -> list[dict[str, Any]]:
+    """The NetworkPolicies as the API server got them through the client."""
+    policies = [cluster.get(NETWORK_POLICIES.format(namespace, name)) for name in names]
+    assert all(p is not None for p in policies), names
+    return [p for p in policies if p is not None]
+
+
+def assert_restricted_namespace(cluster: Emulator, namespace: str) -> None:
+    stored = cluster.get(f"/api/v1/namespaces/{namespace}")
+    assert stored is not None
+    labels = stored["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+        assert labels[f"pod-security.kubernetes.io/{mode}-version"] == "latest"
+
+
+def test_an_instance_namespace_is_restricted_and_closed_to_other_namespaces(cluster: Emulator) -> None:
+    backend(cluster).start(instance_spec())
+    assert_restricted_namespace(cluster, NS)
+    policies = stored_policies(cluster, NS, ko.NETWORK_POLICY_ISOLATE, ko.NETWORK_POLICY_NOTEBOOK_INGRESS)
+    notebook_labels = ko.portal_labels(ko.Owner("vision", "dev"), "notebook", "lab")
+    notebook, users_pod = Pod(NS, notebook_labels), Pod(NS, {"app": "mine"})
+    assert ingress_allowed(policies, users_pod, notebook, ko.JUPYTER_PORT)
+    assert ingress_allowed(policies, Pod(SETTINGS.ingress_namespace), notebook, ko.JUPYTER_PORT)
+    assert not ingress_allowed(policies, Pod(SETTINGS.ingress_namespace), users_pod, ko.JUPYTER_PORT)
+    other = ko.namespace_name(ko.Owner("other", "dev"), SETTINGS)
+    assert not ingress_allowed(policies, Pod(other, notebook_labels), notebook, ko.JUPYTER_PORT)
+    account = cluster.get(f"/api/v1/namespaces/{NS}/serviceaccounts/{ko.service_account_name()}")
+    assert account is not None and account["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("asks", [False, True])
+def test_a_notebooks_pod_is_restricted_and_mounts_a_token_only_if_asked(cluster: Emulator, asks: bool) -> None:
+    instance = backend(cluster)
+    instance.start(instance_spec())
+    sts_path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/nb-lab"
+    ready = cluster.when(sts_path, lambda obj: True, lambda: cluster.set_status(sts_path, {"readyReplicas": 1}))
+    backend(cluster).start(notebook_spec(instance.get_state(), service_account_token=asks))
+    ready.join()
+    stateful_set = cluster.get(sts_path)
+    assert stateful_set is not None
+    pod = stateful_set["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["fsGroup"] == 100
+    assert pod["automountServiceAccountToken"] is asks
+    # Asked for, it is the namespace's own account: the rights the workspace's kubeconfig already gives.
+    assert pod.get("serviceAccountName") == (ko.service_account_name() if asks else None)
+
+
+@pytest.mark.parametrize("asks", [False, True])
+def test_a_jobs_pods_are_restricted_and_mount_a_token_only_if_asked(cluster: Emulator, asks: bool) -> None:
+    backend(cluster).submit(job_spec(service_account_token=asks))
+    job = cluster.get(JOB_PATH)
+    assert job is not None
+    pod = job["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is asks
+    assert pod.get("serviceAccountName") == ("default" if asks else None)
+    assert_restricted_namespace(cluster, JOBS_NS)
+    policies = stored_policies(cluster, JOBS_NS, ko.NETWORK_POLICY_ISOLATE)
+    rank = Pod(JOBS_NS, job["spec"]["template"]["metadata"]["labels"])
+    assert ingress_allowed(policies, rank, rank, SETTINGS.master_port)
+    for stranger in (Pod(NS), Pod(SETTINGS.ingress_namespace), Pod(ko.jobs_namespace_name("other", SETTINGS))):
+        assert not ingress_allowed(policies, stranger, rank, SETTINGS.master_port)
+
+
+def test_a_jobs_namespace_made_by_an_earlier_portal_is_brought_to_restricted(cluster: Emulator) -> None:
+    # An earlier version enforced baseline and let the ingress controller's namespace reach every job pod.
+    labels = ko.portal_labels(ko.jobs_owner("vision", SETTINGS), "namespace", "")
+    old_labels = labels | {"pod-security.kubernetes.io/enforce": "baseline"}
+    cluster.post("/api/v1/namespaces", {"metadata": {"name": JOBS_NS, "labels": old_labels}})
+    ingress_peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    old_policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": ko.NETWORK_POLICY_ISOLATE, "namespace": JOBS_NS, "labels": labels},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {}}, ingress_peer]}],
+        },
+    }
+    cluster.post(f"/apis/networking.k8s.io/v1/namespaces/{JOBS_NS}/networkpolicies", old_policy)
+    backend(cluster).submit(job_spec())
+    assert_restricted_namespace(cluster, JOBS_NS)
+    policies = stored_policies(cluster, JOBS_NS, ko.NETWORK_POLICY_ISOLATE)
+    assert not ingress_allowed(policies, Pod("ingress-nginx"), Pod(JOBS_NS), SETTINGS.master_port)
+
+
+def test_a_vcluster_and_its_installer_are_restricted(cluster: Emulator) -> None:
+    backend(cluster).start(instance_spec(kind="vcluster"))
+    assert_restricted_namespace(cluster, NS)
+    installer = cluster.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{kv.VCLUSTER_INSTALLER}")
+    assert installer is not None
+    pod = installer["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == kv.VCLUSTER_INSTALLER
+    account = cluster.get(f"/api/v1/namespaces/{NS}/serviceaccounts/{kv.VCLUSTER_INSTALLER}")
+    assert account is not None and account["automountServiceAccountToken"] is False
+    values_map = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/{kv.VCLUSTER_INSTALLER}")
+    assert values_map is not None
+    values = yaml.safe_load(values_map["data"]["values.yaml"])
+    plane = values["controlPlane"]["statefulSet"]["security"]
+    assert plane["podSecurityContext"]["runAsNonRoot"] is True
+    assert plane["containerSecurityContext"]["runAsUser"] == 1000
+    policies = stored_policies(cluster, NS, ko.NETWORK_POLICY_ISOLATE, kv.NETWORK_POLICY_VCLUSTER_INGRESS)
+    control_plane = Pod(NS, {"app": "vcluster", "release": "vc-dev"})
+    assert ingress_allowed(policies, Pod(SETTINGS.ingress_namespace), control_plane, 8443)
+    assert not ingress_allowed(policies, Pod(JOBS_NS), control_plane, 8443)
+
+
+def test_it_refuses_connection_settings_that_would_run_pods_as_root() -> None:
+    for bad, field_name in [
+        ({"pod_run_as_user": 0}, "pod_run_as_user"),
+        ({"pod_fs_group": 0}, "pod_fs_group"),
+        ({"pod_run_as_group": True}, "pod_run_as_group"),
+        ({"pod_security_version": "1.37"}, "pod_security_version"),
+        ({"ingress_namespace": "not a namespace"}, "ingress_namespace"),
+    ]:
+        with pytest.raises(BackendError) as refused:
+            backend_for(SimpleNamespace(kind="kubernetes", connection=bad))
+        assert refused.value.permanent and field_name in refused.value.message
+    configured = backend_for(
+        SimpleNamespace(kind="kubernetes", connection={"pod_run_as_user": 2000, "pod_security_version": "v1.37"})
+    )
+    assert isinstance(configured, KubernetesBackend)
+    assert configured.settings.pod_run_as_user == 2000
 
 
 # -- errors -----------------------------------------------------------------------------------------------

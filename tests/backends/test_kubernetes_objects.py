@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 
 from workers.backends import kubernetes_objects as ko
+from workers.backends import kubernetes_vcluster as kv
 
 K8S_VERSION = "1.37.0"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -48,7 +49,7 @@ def every_manifest() -> list[tuple[str, dict[str, Any]]]:
             settings = SHARED if profile_id == "half" else ko.KubeSettings()
             for obj in ko.namespace_objects(owner, profile, ["alice", "bob"], settings):
                 cases.append((f"namespace-{owner_id}-{profile_id}-{obj['kind']}", obj))
-            for obj in ko.vcluster_objects(owner, profile, settings, api_server_url="https://vc.example.org"):
+            for obj in kv.vcluster_objects(owner, profile, settings, api_server_url="https://vc.example.org"):
                 cases.append((f"vcluster-{owner_id}-{profile_id}-{obj['kind']}-{obj['metadata']['name']}", obj))
         for settings_id, settings in [("host", HOST), ("path", PATH), ("pathnohost", ko.KubeSettings())]:
             for nb in ["lab", LONG, "1st"]:
@@ -76,6 +77,15 @@ def every_manifest() -> list[tuple[str, dict[str, Any]]]:
             in_namespace, "lab", image="img", size=WHOLE, token="t", settings=HOST, base_url="/nb/vision/lab/"
         )
         cases += [(f"notebook-base-url-{owner_id}-{o['kind']}", o) for o in objs]
+        with_token = ko.notebook_objects(
+            owner, "lab", image="img", size=NO_GPU, token="t", settings=PATH, service_account=ko.service_account_name()
+        )
+        cases += [(f"notebook-with-token-{owner_id}-{o['kind']}", o) for o in with_token]
+        asks = _job(service_account="default")
+        cases += [(f"job-with-token-{owner_id}-{o['kind']}", o) for o in ko.job_objects(jobs_owner, asks, SHARED)]
+        ids = ko.KubeSettings(pod_run_as_user=4242, pod_run_as_group=4343, pod_fs_group=4444)
+        cases += [(f"ids-{owner_id}-{o['kind']}", o) for o in ko.namespace_objects(owner, PROFILE, ["alice"], ids)]
+        cases.append((f"ids-job-{owner_id}", ko.job(owner, _job(), ids)))
         small = ko.Size(cpu_cores=0.5, memory_gb=0.75)
         cases += [(f"small-{owner_id}-{o['kind']}", o) for o in ko.namespace_objects(owner, small, [], SHARED)]
         cases.append((f"small-job-{owner_id}", ko.job(owner, _job(size=small), SHARED)))
@@ -259,9 +269,10 @@ def test_the_limit_range_stays_within_the_profile() -> None:
     assert item["defaultRequest"] == {"cpu": "250m", "memory": "512Mi"}
 
 
-def test_the_namespace_enforces_baseline_pod_security() -> None:
+def test_the_namespace_carries_its_owner_and_the_restricted_pod_security_labels() -> None:
+    # Every rule of the profile, and every namespace's labels, are checked in test_kubernetes_isolation.py.
     labels = ko.namespace(OWNER, ko.KubeSettings())["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     assert labels[ko.LABEL_WORKSPACE] == "vision" and labels[ko.LABEL_INSTANCE] == "dev"
 
 
@@ -276,34 +287,23 @@ def test_the_role_binding_gives_the_workspaces_users_edit() -> None:
     ]
 
 
-def _admits(policy: dict[str, Any], source_namespace: str, source_namespace_labels: dict[str, str]) -> bool:
-    """NetworkPolicy ingress semantics for a pod in `source_namespace` reaching any pod of the policy's."""
-    own = policy["metadata"]["namespace"]
-    for rule in policy["spec"]["ingress"]:
-        for peer in rule["from"]:
-            if "namespaceSelector" in peer:
-                wanted = peer["namespaceSelector"]["matchLabels"]
-                if wanted.items() <= source_namespace_labels.items():
-                    return True
-            elif peer.get("podSelector") == {} and source_namespace == own:
-                return True
-    return False
-
-
-def test_the_network_policy_admits_its_namespace_and_the_ingress_controller_only() -> None:
+def test_the_network_policies_select_what_they_should() -> None:
+    # What they admit is evaluated rule by rule in test_kubernetes_isolation.py; here, their shape.
     settings = ko.KubeSettings(ingress_namespace="ingress-nginx")
-    policy = ko.network_policy(OWNER, settings)
-    assert policy["spec"]["podSelector"] == {} and policy["spec"]["policyTypes"] == ["Ingress"]
-    own = policy["metadata"]["namespace"]
-    other = ko.namespace_name(ko.Owner("other", "dev"), settings)
-
-    def labels(ns: str) -> dict[str, str]:
-        return {"kubernetes.io/metadata.name": ns}  # set by the API server on every namespace
-
-    assert _admits(policy, own, labels(own))
-    assert _admits(policy, "ingress-nginx", labels("ingress-nginx"))
-    assert not _admits(policy, other, labels(other))
-    assert not _admits(policy, "default", labels("default"))
+    isolate = ko.network_policy(OWNER, settings)
+    assert isolate["spec"] == {
+        "podSelector": {},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {}}]}],
+    }
+    notebooks = ko.notebook_ingress_network_policy(OWNER, settings)["spec"]
+    assert notebooks["podSelector"]["matchLabels"][ko.LABEL_COMPONENT] == "notebook"
+    (rule,) = notebooks["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": ko.JUPYTER_PORT}]
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in ko.namespace_objects(OWNER, PROFILE, [], settings)]
+    assert ("NetworkPolicy", ko.NETWORK_POLICY_ISOLATE) in kinds
+    assert ("NetworkPolicy", ko.NETWORK_POLICY_NOTEBOOK_INGRESS) in kinds
 
 
 def test_the_kubeconfig_has_the_server_and_the_token() -> None:
@@ -329,14 +329,14 @@ def test_the_token_secret_belongs_to_the_service_account() -> None:
 
 
 def test_the_vcluster_values_target_the_chart_and_leave_policies_to_the_host_namespace() -> None:
-    values = ko.vcluster_values(OWNER, api_server_url="https://vc.example.org")
-    assert ko.VCLUSTER_CHART_NAME == "vcluster" and ko.VCLUSTER_CHART_REPO == "https://charts.loft.sh"
+    values = kv.vcluster_values(OWNER, ko.KubeSettings(), api_server_url="https://vc.example.org")
+    assert kv.VCLUSTER_CHART_NAME == "vcluster" and kv.VCLUSTER_CHART_REPO == "https://charts.loft.sh"
     assert values["controlPlane"]["distro"]["k8s"]["enabled"] is True
     assert values["exportKubeConfig"]["server"] == "https://vc.example.org"
     assert all(not p["enabled"] for p in values["policies"].values())
-    kinds = [o["kind"] for o in ko.vcluster_host_objects(OWNER, PROFILE, ko.KubeSettings())]
-    assert kinds == ["Namespace", "ResourceQuota", "LimitRange", "NetworkPolicy"]
-    assert len(ko.vcluster_release_name(LONG_OWNER)) <= 53
+    kinds = [o["kind"] for o in kv.vcluster_host_objects(OWNER, PROFILE, ko.KubeSettings())]
+    assert kinds == ["Namespace", "ResourceQuota", "LimitRange", "NetworkPolicy", "NetworkPolicy"]
+    assert len(kv.vcluster_release_name(LONG_OWNER)) <= 53
 
 
 # -- notebooks --------------------------------------------------------------------------------------------
@@ -398,25 +398,25 @@ def test_a_mig_profile_is_asked_for_as_its_own_resource() -> None:
 
 
 def test_the_vcluster_installer_runs_helm_with_the_values_in_the_namespace() -> None:
-    config_map, account, binding, installer = ko.vcluster_installer_objects(
+    config_map, account, binding, installer = kv.vcluster_installer_objects(
         OWNER, ko.KubeSettings(helm_image="alpine/helm:3.17.3"), api_server_url="https://vc.example.org"
     )
     ns = ko.namespace_name(OWNER, ko.KubeSettings())
     assert {o["metadata"]["namespace"] for o in (config_map, account, binding, installer)} == {ns}
-    values = json.loads(config_map["data"][ko.VCLUSTER_VALUES_FILE])
-    assert values == ko.vcluster_values(OWNER, api_server_url="https://vc.example.org")
-    assert values["exportKubeConfig"]["secret"]["name"] == ko.vcluster_kubeconfig_secret_name(OWNER)
+    values = json.loads(config_map["data"][kv.VCLUSTER_VALUES_FILE])
+    assert values == kv.vcluster_values(OWNER, ko.KubeSettings(), api_server_url="https://vc.example.org")
+    assert values["exportKubeConfig"]["secret"]["name"] == kv.vcluster_kubeconfig_secret_name(OWNER)
     assert binding["roleRef"]["name"] == "admin" and binding["roleRef"]["kind"] == "ClusterRole"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": ns}]
     pod = installer["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
     (container,) = pod["containers"]
     command = container["command"]
-    assert command[:5] == ["helm", "upgrade", "--install", ko.vcluster_release_name(OWNER), ko.VCLUSTER_CHART_NAME]
-    assert command[command.index("--version") + 1] == ko.VCLUSTER_CHART_VERSION
+    assert command[:5] == ["helm", "upgrade", "--install", kv.vcluster_release_name(OWNER), kv.VCLUSTER_CHART_NAME]
+    assert command[command.index("--version") + 1] == kv.VCLUSTER_CHART_VERSION
     assert command[command.index("--namespace") + 1] == ns
     (mount,) = container["volumeMounts"]
-    assert command[command.index("--values") + 1] == f"{mount['mountPath']}/{ko.VCLUSTER_VALUES_FILE}"
+    assert command[command.index("--values") + 1] == f"{mount['mountPath']}/{kv.VCLUSTER_VALUES_FILE}"
     assert pod["volumes"] == [{"name": mount["name"], "configMap": {"name": config_map["metadata"]["name"]}}]
 
 

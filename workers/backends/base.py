@@ -49,6 +49,7 @@ class JobSpec:
     are per replica. ``artifact_paths`` are relative to the job's directory under ``work_dir``.
     ``max_runtime_s`` of ``None`` means no limit. ``run_as`` is the workspace's own Unix account
     (``None``: the portal's own user, in a user namespace where the backend sandboxes).
+    ``service_account_token``: on Kubernetes, mount a service-account token into the pods (off: none).
     """
 
     key: str
@@ -65,6 +66,7 @@ class JobSpec:
     max_runtime_s: float | None = None
     artifact_paths: list[str] = field(default_factory=list)
     run_as: RunAs | None = None
+    service_account_token: bool = False
 
 
 @dataclass
@@ -99,6 +101,7 @@ class NotebookSpec:
     processes (local, Slurm); ``image`` is its container image on Kubernetes. ``devices`` are
     its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say).
     ``auth_url`` is where the server asks the portal whether a request's user may pass.
+    ``service_account_token``: on Kubernetes, mount a service-account token into the pod (off: none).
     """
 
     key: str
@@ -115,6 +118,7 @@ class NotebookSpec:
     instance_state: dict[str, Any] = field(default_factory=dict)
     auth_url: str = ""
     run_as: RunAs | None = None
+    service_account_token: bool = False
 
 
 Spec = JobSpec | InstanceSpec | NotebookSpec

@@ -14,6 +14,10 @@ builders cannot express (a fraction of a GPU without a shared-GPU resource) is o
 (invalid, forbidden, unauthorized) are permanent ``BackendError``; 409 conflicts, 408, 429, 5xx and
 connection errors are transient.
 
+Isolation: every namespace enforces Pod Security "restricted", every pod passes it and mounts no
+service-account token unless its spec sets ``service_account_token``, and every namespace admits traffic from
+its own pods only (notebooks also from the ingress controller's namespace); see docs/kubernetes.md.
+
 Configuration: an explicit ``api_client`` or ``host`` (tests), else the pod's service account (in-cluster),
 else a kubeconfig (``kubeconfig`` path and ``context``, or the client's defaults).
 """
@@ -37,6 +41,7 @@ import yaml
 from kubernetes import client, config
 
 from workers.backends import kubernetes_objects as ko
+from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import (
     Artifact,
     Backend,
@@ -202,7 +207,10 @@ class KubernetesBackend(Backend):
                 raise BackendError(f"connection setting {key} must be a {expected.__name__}", permanent=True)
         if connection.get("ingress_mode", "path") not in ("path", "host"):
             raise BackendError("connection setting ingress_mode must be 'path' or 'host'", permanent=True)
-        settings = ko.KubeSettings(**{k: v for k, v in connection.items() if k in fields})
+        try:
+            settings = ko.KubeSettings(**{k: v for k, v in connection.items() if k in fields})
+        except ko.InvalidSettings as exc:
+            raise BackendError(f"connection settings: {exc}", permanent=True) from exc
         options = {k: v for k, v in connection.items() if k in _BACKEND_OPTIONS}
         for key in ("start_timeout_s", "stop_timeout_s", "request_timeout_s"):
             if key in options and (not isinstance(options[key], int | float) or options[key] <= 0):
@@ -408,9 +416,9 @@ class KubernetesBackend(Backend):
             manifests = ko.namespace_objects(owner, profile, spec.users, self.settings)
             server = self._public_server()
         elif spec.kind == "vcluster":
-            release = ko.vcluster_release_name(owner)
+            release = kv.vcluster_release_name(owner)
             server = self.vcluster_server_url.format(release=release, namespace=namespace)
-            manifests = ko.vcluster_objects(owner, profile, self.settings, api_server_url=server)
+            manifests = kv.vcluster_objects(owner, profile, self.settings, api_server_url=server)
         else:
             raise BackendError(
                 f"an instance of kind {spec.kind!r} cannot run on Kubernetes (namespace and vcluster can)",
@@ -443,6 +451,7 @@ class KubernetesBackend(Backend):
             token=spec.token,
             settings=self.settings,
             base_url=spec.base_url or None,
+            service_account=self._notebook_service_account(spec),
         )
         self._begin(spec, "notebook", namespace, manifests, stateful_set=ko.notebook_name(spec.name))
         for manifest in manifests:
@@ -452,6 +461,17 @@ class KubernetesBackend(Backend):
         self._state["endpoint"] = {"host": service, "port": ko.JUPYTER_PORT, "url": url}
         self._wait_started(self._notebook_ready, "the notebook's server")
         return self._endpoint()
+
+    @staticmethod
+    def _notebook_service_account(spec: NotebookSpec) -> str | None:
+        """No token unless the notebook asks. Then, in a namespace instance, the namespace's own account (the
+        rights its users' kubeconfig has); in a vcluster's host namespace, where users hold no rights, the
+        namespace's default account."""
+        if not spec.service_account_token:
+            return None
+        if spec.instance_state.get("instance_kind") == "namespace":
+            return ko.service_account_name()
+        return "default"
 
     def _notebook_ready(self) -> bool:
         stateful_set = self._read(self._object("StatefulSet"))
@@ -475,6 +495,8 @@ class KubernetesBackend(Backend):
             replicas=spec.replicas,
             env={**spec.env, "PORTAL_JOB_KEY": spec.key},
             max_runtime_s=math.ceil(spec.max_runtime_s) if spec.max_runtime_s else None,
+            # The jobs namespace has no account of the portal's: a job that asks gets its namespace's default one.
+            service_account="default" if spec.service_account_token else None,
         )
         try:
             namespace_manifests = ko.jobs_namespace_objects(spec.workspace, self.settings)
@@ -609,7 +631,7 @@ class KubernetesBackend(Backend):
         if namespace is None or namespace.get("status", {}).get("phase") == "Terminating":
             return Status("exited", UNKNOWN_EXIT_CODE, "the namespace was deleted outside the portal")
         if self._state.get("instance_kind") == "vcluster":
-            ref = {"kind": "Job", "name": ko.VCLUSTER_INSTALLER, "namespace": self._state["namespace"]}
+            ref = {"kind": "Job", "name": kv.VCLUSTER_INSTALLER, "namespace": self._state["namespace"]}
             installer = self._read(ref)
             failed = _condition(installer, "Failed") if installer else None
             if failed:
@@ -696,7 +718,7 @@ class KubernetesBackend(Backend):
             return None
         namespace = self._state["namespace"]
         if self._state.get("instance_kind") == "vcluster":
-            name = ko.vcluster_kubeconfig_secret_name(ko.Owner(self._state["workspace"], self._state["instance"]))
+            name = kv.vcluster_kubeconfig_secret_name(ko.Owner(self._state["workspace"], self._state["instance"]))
             data = self._secret_data(name, namespace, "config")
             return base64.b64decode(data["config"]).decode()
         data = self._secret_data(f"{ko.service_account_name()}-token", namespace, "token", "ca.crt")

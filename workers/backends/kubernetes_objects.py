@@ -16,13 +16,22 @@ for as `KubeSettings.gpu_resource_name` (the NVIDIA device plugin's "nvidia.com/
 had where the cluster shares GPUs by time-slicing with `renameByDefault` ("nvidia.com/gpu.shared", each GPU
 advertised `fractional_gpus_per_gpu` times): set `fractional_gpu_resource_name` to that resource; without
 it a fractional request is refused with `UnsupportedRequest`. Time-slicing does not isolate memory.
+
+Isolation (docs/kubernetes.md, "What is isolated"). Every namespace is labelled to enforce the "restricted"
+Pod Security Standard, and every pod spec is built by `restricted_pod_spec`, which makes it pass that profile
+(non-root user and group from the settings, RuntimeDefault seccomp, no privilege escalation, every capability
+dropped, no host namespaces or host paths) and mounts no service-account token unless the workload names a
+service account. Every namespace gets `network_policy` (ingress only from its own pods); notebooks are also
+reachable from the ingress controller's namespace (`notebook_ingress_network_policy`).
+
+An instance of kind "vcluster" is built in `kubernetes_vcluster` from these pieces.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -40,16 +49,25 @@ JUPYTER_PORT = 8888
 TOKEN_KEY = "token"
 GANG_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX")
 
-# The vcluster Helm chart these values are written for: `helm install <name> vcluster --repo
-# https://charts.loft.sh --version 0.30.0 -n <namespace> -f values.yaml` (the vcluster.yaml format of 0.20+).
-VCLUSTER_CHART_REPO = "https://charts.loft.sh"
-VCLUSTER_CHART_NAME = "vcluster"
-VCLUSTER_CHART_VERSION = "0.30.0"
+# Pod Security Admission: the level every namespace enforces, audits and warns about.
+POD_SECURITY_LEVEL = "restricted"
+POD_SECURITY_MODES = ("enforce", "audit", "warn")
+NETWORK_POLICY_ISOLATE = "gpuportal-isolate"
+NETWORK_POLICY_NOTEBOOK_INGRESS = "gpuportal-notebooks-from-ingress"
+# Set by the API server on every namespace and immutable: a tenant cannot give its namespace another's name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_POD_SECURITY_VERSION = re.compile(r"^(latest|v1\.(0|[1-9][0-9]*))$")
+_MAX_ID = 2**31 - 1
 
 
 class UnsupportedRequest(ValueError):
     """The request cannot be expressed on this cluster: a policy refusal (the backend raises it as
     `base.PolicyRefusal`), not a backend error."""
+
+
+class InvalidSettings(ValueError):
+    """A `KubeSettings` value that cannot be used; the message names every bad field."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,30 @@ class KubeSettings:
     job_ttl_after_finished_s: int = 3600
     # The image of the Job that installs a vcluster's chart: it runs `helm`.
     helm_image: str = "alpine/helm:3.17.3"
+    # Every pod the portal creates runs as this user and group (never root), its volumes owned by `pod_fs_group`.
+    # The defaults are the Jupyter Docker Stacks' jovyan (1000) and users (100).
+    pod_run_as_user: int = 1000
+    pod_run_as_group: int = 100
+    pod_fs_group: int = 100
+    # The Pod Security Standards version the namespaces' labels pin: "latest", or a release such as "v1.37".
+    pod_security_version: str = "latest"
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be a whole number from 1 to {_MAX_ID} (not root), not {value!r}"
+            for name, value in [
+                ("pod_run_as_user", self.pod_run_as_user),
+                ("pod_run_as_group", self.pod_run_as_group),
+                ("pod_fs_group", self.pod_fs_group),
+            ]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_ID
+        ]
+        if not isinstance(self.pod_security_version, str) or not _POD_SECURITY_VERSION.match(self.pod_security_version):
+            problems.append(f"pod_security_version must be 'latest' or 'v1.<minor>', not {self.pod_security_version!r}")
+        if not isinstance(self.ingress_namespace, str) or not _DNS_LABEL.match(self.ingress_namespace):
+            problems.append(f"ingress_namespace must be a namespace name, not {self.ingress_namespace!r}")
+        if problems:
+            raise InvalidSettings("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -162,7 +204,7 @@ def portal_labels(owner: Owner, component: str, name: str) -> dict[str, str]:
     }
 
 
-def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None, **extra: Any) -> dict[str, Any]:
+def object_meta(name: str, labels: Mapping[str, str], namespace: str | None = None, **extra: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if namespace is not None:
         meta["namespace"] = namespace
@@ -209,13 +251,67 @@ def _pod_placement(size: Size, settings: KubeSettings) -> dict[str, Any]:
     return {}
 
 
+# -- pod security -----------------------------------------------------------------------------------------
+
+
+def pod_security_context(settings: KubeSettings) -> Manifest:
+    """The pod-level half of the "restricted" profile: a non-root user and group, and RuntimeDefault seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.pod_run_as_user,
+        "runAsGroup": settings.pod_run_as_group,
+        "fsGroup": settings.pod_fs_group,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    """The container-level half: no privilege, no escalation through setuid binaries, every capability dropped."""
+    return {"privileged": False, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def restricted_pod_spec(
+    containers: Sequence[Manifest], settings: KubeSettings, *, service_account: str | None = None, **fields: Any
+) -> Manifest:
+    """A pod spec that passes the "restricted" Pod Security Standard; every pod of the portal's is built here.
+
+    The pod runs as `settings.pod_run_as_user`/`pod_run_as_group` with `pod_fs_group`, each container gets
+    `container_security_context()`, and no host namespace is shared (nothing sets hostNetwork, hostPID or
+    hostIPC, and `fields` may not). The pod mounts a service-account token only when it names
+    `service_account`; otherwise it has no credential for the API server. Service links stay off: a pod
+    learns about other Services through DNS, not through its environment.
+    """
+    host = sorted({"hostNetwork", "hostPID", "hostIPC", "securityContext"} & set(fields))
+    if host:
+        raise ValueError(f"a portal pod may not set {', '.join(host)}")
+    spec: Manifest = {
+        **fields,
+        "securityContext": pod_security_context(settings),
+        "containers": [{**container, "securityContext": container_security_context()} for container in containers],
+        "automountServiceAccountToken": service_account is not None,
+        "enableServiceLinks": False,
+    }
+    if service_account is not None:
+        spec["serviceAccountName"] = service_account
+    return spec
+
+
 # -- a namespace per instance -----------------------------------------------------------------------------
 
 
+def pod_security_labels(settings: KubeSettings) -> dict[str, str]:
+    """Pod Security Admission labels: enforce, audit and warn the "restricted" profile at the pinned version."""
+    labels: dict[str, str] = {}
+    for mode in POD_SECURITY_MODES:
+        labels[f"pod-security.kubernetes.io/{mode}"] = POD_SECURITY_LEVEL
+        labels[f"pod-security.kubernetes.io/{mode}-version"] = settings.pod_security_version
+    return labels
+
+
 def namespace(owner: Owner, settings: KubeSettings) -> Manifest:
-    labels = portal_labels(owner, "namespace", owner.instance)
-    labels |= {"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "baseline"}
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace_name(owner, settings), labels)}
+    """A tenant's namespace; the API server rejects any pod in it that breaks the "restricted" profile."""
+    labels = portal_labels(owner, "namespace", owner.instance) | pod_security_labels(settings)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": object_meta(namespace_name(owner, settings), labels)}
 
 
 def resource_quota(owner: Owner, profile: Size, settings: KubeSettings) -> Manifest:
@@ -235,7 +331,7 @@ def resource_quota(owner: Owner, profile: Size, settings: KubeSettings) -> Manif
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": _meta(
+        "metadata": object_meta(
             "gpuportal-quota", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
         ),
         "spec": {"hard": hard},
@@ -259,7 +355,7 @@ def limit_range(owner: Owner, profile: Size, settings: KubeSettings) -> Manifest
     return {
         "apiVersion": "v1",
         "kind": "LimitRange",
-        "metadata": _meta(
+        "metadata": object_meta(
             "gpuportal-limits", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
         ),
         "spec": {"limits": [item]},
@@ -281,45 +377,65 @@ def role_binding(owner: Owner, usernames: Sequence[str], settings: KubeSettings)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta("gpuportal-edit", portal_labels(owner, "namespace", owner.instance), ns),
+        "metadata": object_meta("gpuportal-edit", portal_labels(owner, "namespace", owner.instance), ns),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
         "subjects": [*users, account],
     }
 
 
 def network_policy(owner: Owner, settings: KubeSettings) -> Manifest:
-    """Ingress only from pods of this namespace and from the ingress controller's namespace."""
+    """Default deny from other namespaces: every pod of the namespace accepts traffic from its own pods only.
+
+    The empty `podSelector` selects every pod, so each one is isolated for ingress; the one rule's peer (a
+    `podSelector` without a `namespaceSelector`) means "pods of this namespace". Traffic from other
+    namespaces, the ingress controller's included, needs another policy that selects the pod (policies add up).
+    Egress is not restricted: what a pod may reach is decided by the policies of where it goes.
+    """
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(
-            "gpuportal-isolate", portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
+        "metadata": object_meta(
+            NETWORK_POLICY_ISOLATE, portal_labels(owner, "namespace", owner.instance), namespace_name(owner, settings)
         ),
-        "spec": {
-            "podSelector": {},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [
-                        {"podSelector": {}},
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": settings.ingress_namespace}
-                            }
-                        },
-                    ]
-                }
-            ],
-        },
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {}}]}]},
     }
 
 
+def ingress_controller_network_policy(
+    owner: Owner, settings: KubeSettings, name: str, pod_selector: Manifest, ports: list[Manifest] | None
+) -> Manifest:
+    """Lets the ingress controller's namespace (`ingress_namespace`) reach the pods `pod_selector` selects, on
+    `ports` (None: any port). The namespace is matched by its name label, which only the API server sets."""
+    rule: dict[str, Any] = {
+        "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.ingress_namespace}}}]
+    }
+    if ports is not None:
+        rule["ports"] = ports
+    labels = portal_labels(owner, "namespace", owner.instance)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": object_meta(name, labels, namespace_name(owner, settings)),
+        "spec": {"podSelector": pod_selector, "policyTypes": ["Ingress"], "ingress": [rule]},
+    }
+
+
+def notebook_ingress_network_policy(owner: Owner, settings: KubeSettings) -> Manifest:
+    """The ingress controller's namespace (`ingress_namespace`) may reach the notebooks' Jupyter port, and
+    nothing else of this namespace: other pods stay reachable from their own namespace only."""
+    selector = {"matchLabels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_COMPONENT: "notebook"}}
+    ports = [{"protocol": "TCP", "port": JUPYTER_PORT}]
+    return ingress_controller_network_policy(owner, settings, NETWORK_POLICY_NOTEBOOK_INGRESS, selector, ports)
+
+
 def service_account(owner: Owner, settings: KubeSettings) -> Manifest:
+    """The namespace's account for kubeconfigs; no pod gets its token unless the pod asks for it by name."""
     ns = namespace_name(owner, settings)
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(service_account_name(), portal_labels(owner, "namespace", owner.instance), ns),
+        "metadata": object_meta(service_account_name(), portal_labels(owner, "namespace", owner.instance), ns),
+        "automountServiceAccountToken": False,
     }
 
 
@@ -329,7 +445,7 @@ def service_account_token_secret(owner: Owner, settings: KubeSettings) -> Manife
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/service-account-token",
-        "metadata": _meta(
+        "metadata": object_meta(
             f"{service_account_name()}-token",
             portal_labels(owner, "namespace", owner.instance),
             namespace_name(owner, settings),
@@ -345,6 +461,7 @@ def namespace_objects(owner: Owner, profile: Size, usernames: Sequence[str], set
         resource_quota(owner, profile, settings),
         limit_range(owner, profile, settings),
         network_policy(owner, settings),
+        notebook_ingress_network_policy(owner, settings),
         service_account(owner, settings),
         service_account_token_secret(owner, settings),
         role_binding(owner, usernames, settings),
@@ -366,116 +483,6 @@ def kubeconfig(*, username: str, server: str, ca_data: str, token: str, namespac
         "current-context": context,
         "preferences": {},
     }
-
-
-# -- a vcluster per instance ------------------------------------------------------------------------------
-
-
-def vcluster_release_name(owner: Owner) -> str:
-    return dns_name("vc", owner.instance, max_length=53)  # Helm release names: at most 53 characters
-
-
-def vcluster_values(owner: Owner, *, api_server_url: str) -> dict[str, Any]:
-    """Helm values for the vcluster chart (VCLUSTER_CHART_*), installed into the instance's namespace.
-
-    The chart's own quota, limit range and network policy stay off: the host namespace's objects from
-    `vcluster_host_objects` bound everything the virtual cluster syncs down to it.
-    """
-    return {
-        "controlPlane": {"distro": {"k8s": {"enabled": True}}},
-        "sync": {"toHost": {"ingresses": {"enabled": True}}},
-        "policies": {
-            "resourceQuota": {"enabled": False},
-            "limitRange": {"enabled": False},
-            "networkPolicy": {"enabled": False},
-        },
-        "exportKubeConfig": {
-            "server": api_server_url,
-            "secret": {"name": f"{vcluster_release_name(owner)}-kubeconfig"},
-        },
-    }
-
-
-def vcluster_host_objects(owner: Owner, profile: Size, settings: KubeSettings) -> list[Manifest]:
-    """The host namespace a vcluster lives in: users reach the vcluster, not the host, so no RoleBinding."""
-    return [
-        namespace(owner, settings),
-        resource_quota(owner, profile, settings),
-        limit_range(owner, profile, settings),
-        network_policy(owner, settings),
-    ]
-
-
-VCLUSTER_INSTALLER = "gpuportal-vcluster-install"
-VCLUSTER_VALUES_FILE = "values.yaml"
-
-
-def vcluster_kubeconfig_secret_name(owner: Owner) -> str:
-    """The Secret the vcluster writes its kubeconfig to (key "config"), as `vcluster_values` asks."""
-    return f"{vcluster_release_name(owner)}-kubeconfig"
-
-
-def vcluster_installer_objects(owner: Owner, settings: KubeSettings, *, api_server_url: str) -> list[Manifest]:
-    """A Job in the host namespace that runs `helm upgrade --install` of the vcluster chart with our values.
-
-    The values travel in a ConfigMap (JSON, which Helm reads as YAML). The Job's service account is bound to
-    the built-in `admin` ClusterRole in this namespace only, for the chart's namespaced objects (StatefulSet,
-    Services, Secrets, its Role and RoleBinding). The pod takes the LimitRange's default size, within the quota.
-    """
-    ns, labels = namespace_name(owner, settings), portal_labels(owner, "vcluster", owner.instance)
-    values = json.dumps(vcluster_values(owner, api_server_url=api_server_url), indent=2, sort_keys=True)
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
-        "data": {VCLUSTER_VALUES_FILE: values},
-    }
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(VCLUSTER_INSTALLER, labels, ns)}
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": VCLUSTER_INSTALLER, "namespace": ns}],
-    }
-    helm = [
-        "helm", "upgrade", "--install", vcluster_release_name(owner), VCLUSTER_CHART_NAME,
-        "--repo", VCLUSTER_CHART_REPO, "--version", VCLUSTER_CHART_VERSION, "--namespace", ns,
-        "--values", f"/values/{VCLUSTER_VALUES_FILE}", "--wait", "--timeout", "10m",
-    ]  # fmt: skip
-    container = {
-        "name": "helm",
-        "image": settings.helm_image,
-        "command": helm,
-        "env": [{"name": "HOME", "value": "/tmp"}],  # helm's cache and config
-        "volumeMounts": [{"name": "values", "mountPath": "/values", "readOnly": True}],
-    }
-    pod_spec = {
-        "restartPolicy": "Never",
-        "serviceAccountName": VCLUSTER_INSTALLER,
-        "enableServiceLinks": False,
-        "containers": [container],
-        "volumes": [{"name": "values", "configMap": {"name": VCLUSTER_INSTALLER}}],
-    }
-    installer = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _meta(VCLUSTER_INSTALLER, labels, ns),
-        "spec": {
-            "backoffLimit": 2,
-            "activeDeadlineSeconds": 1200,
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-        },
-    }
-    return [config_map, account, binding, installer]
-
-
-def vcluster_objects(owner: Owner, profile: Size, settings: KubeSettings, *, api_server_url: str) -> list[Manifest]:
-    """Everything an instance of kind "vcluster" is, in the order to create it."""
-    return [
-        *vcluster_host_objects(owner, profile, settings),
-        *vcluster_installer_objects(owner, settings, api_server_url=api_server_url),
-    ]
 
 
 # -- notebooks --------------------------------------------------------------------------------------------
@@ -506,7 +513,7 @@ def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: Kub
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _meta(
+        "metadata": object_meta(
             notebook_token_secret_name(notebook),
             portal_labels(owner, "notebook", notebook),
             namespace_name(owner, settings),
@@ -542,23 +549,30 @@ def _notebook_container(
 
 
 def notebook_stateful_set(
-    owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings, base_url: str | None = None
+    owner: Owner,
+    notebook: str,
+    image: str,
+    size: Size,
+    settings: KubeSettings,
+    base_url: str | None = None,
+    service_account: str | None = None,
 ) -> Manifest:
     """One Jupyter server pod; a StatefulSet so a deleted pod comes back with the same name and DNS.
 
-    `base_url` is where the server is served (default: `notebook_base_url`).
+    `base_url` is where the server is served (default: `notebook_base_url`). The pod mounts the token of
+    `service_account` where one is named, and no token otherwise.
     """
     name, labels = notebook_name(notebook), portal_labels(owner, "notebook", notebook)
-    pod_spec: dict[str, Any] = {
-        "containers": [_notebook_container(owner, notebook, image, size, settings, base_url)],
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
+    pod_spec = restricted_pod_spec(
+        [_notebook_container(owner, notebook, image, size, settings, base_url)],
+        settings,
+        service_account=service_account,
         **_pod_placement(size, settings),
-    }
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "metadata": object_meta(name, labels, namespace_name(owner, settings)),
         "spec": {
             "replicas": 1,
             "serviceName": name,
@@ -573,7 +587,7 @@ def notebook_service(owner: Owner, notebook: str, settings: KubeSettings) -> Man
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "metadata": object_meta(name, labels, namespace_name(owner, settings)),
         "spec": {
             "selector": dict(labels),
             "ports": [{"name": "http", "port": JUPYTER_PORT, "targetPort": "http", "protocol": "TCP"}],
@@ -595,7 +609,7 @@ def notebook_ingress(owner: Owner, notebook: str, settings: KubeSettings, base_u
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
-        "metadata": _meta(
+        "metadata": object_meta(
             notebook_name(notebook), portal_labels(owner, "notebook", notebook), namespace_name(owner, settings)
         ),
         "spec": spec,
@@ -611,12 +625,16 @@ def notebook_objects(
     token: str,
     settings: KubeSettings,
     base_url: str | None = None,
+    service_account: str | None = None,
 ) -> list[Manifest]:
-    """A notebook, in the order to create it (the token Secret before the pod that reads it)."""
+    """A notebook, in the order to create it (the token Secret before the pod that reads it).
+
+    `service_account`: the account whose token the notebook's pod mounts; None (the default) mounts none.
+    """
     return [
         notebook_token_secret(owner, notebook, token, settings),
         notebook_service(owner, notebook, settings),
-        notebook_stateful_set(owner, notebook, image, size, settings, base_url),
+        notebook_stateful_set(owner, notebook, image, size, settings, base_url, service_account),
         notebook_ingress(owner, notebook, settings, base_url),
     ]
 
@@ -626,7 +644,10 @@ def notebook_objects(
 
 @dataclass(frozen=True)
 class GangJob:
-    """A job as the portal admitted it: `replicas` pods of `size` each, all started together."""
+    """A job as the portal admitted it: `replicas` pods of `size` each, all started together.
+
+    `service_account` is the account whose token its pods mount; None (the default) mounts none.
+    """
 
     name: str
     image: str
@@ -635,6 +656,7 @@ class GangJob:
     replicas: int = 1
     env: Mapping[str, str] | None = None
     max_runtime_s: int | None = None
+    service_account: str | None = None
 
 
 def master_address(job: str) -> str:
@@ -673,14 +695,14 @@ def job(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest:
         "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
         "resources": container_resources(spec.size, settings),
     }
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "subdomain": name,
-        "containers": [container],
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
+    pod_spec = restricted_pod_spec(
+        [container],
+        settings,
+        service_account=spec.service_account,
+        restartPolicy="Never",
+        subdomain=name,
         **_pod_placement(spec.size, settings),
-    }
+    )
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": spec.replicas,
@@ -695,7 +717,7 @@ def job(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "metadata": object_meta(name, labels, namespace_name(owner, settings)),
         "spec": job_spec,
     }
 
@@ -706,7 +728,7 @@ def job_service(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(name, labels, namespace_name(owner, settings)),
+        "metadata": object_meta(name, labels, namespace_name(owner, settings)),
         "spec": {
             "clusterIP": "None",
             "selector": dict(labels),
@@ -723,7 +745,8 @@ def job_objects(owner: Owner, spec: GangJob, settings: KubeSettings) -> list[Man
 
 
 def jobs_namespace_objects(workspace: str, settings: KubeSettings) -> list[Manifest]:
-    """A workspace's jobs namespace: the Namespace and its isolating NetworkPolicy.
+    """A workspace's jobs namespace: the Namespace and its isolating NetworkPolicy (no notebooks live here,
+    so nothing in it is reachable from the ingress controller).
 
     No ResourceQuota: the portal admits jobs under the workspace's quota before they reach the cluster.
     """
