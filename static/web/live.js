@@ -1,7 +1,9 @@
 // Live updates: one WebSocket per workspace shown on the page. Each state change the portal
 // pushes ({"kind": "job"|"instance"|"notebook", "id": ..., "state": ...}) becomes a
-// "live-<kind>" event on <body>; page parts listen for it with hx-trigger and re-render
-// themselves from the server, so the server stays the one place that formats a page.
+// "live-<kind>" event and a "live-<kind>-<id>" event on <body>; page parts listen for them with
+// hx-trigger and re-render themselves from the server, so the server stays the one place that
+// formats a page. (A part about one object listens for its own event rather than filtering with
+// an hx-trigger expression: the Content-Security-Policy allows no eval, so htmx evaluates nothing.)
 (function () {
   "use strict";
   document.documentElement.classList.add("js");
@@ -35,6 +37,7 @@
       try { data = JSON.parse(event.data); } catch (e) { return; }
       data.workspace = workspace;
       fire(`live-${data.kind}`, data);
+      fire(`live-${data.kind}-${data.id}`, data);
       fire("live-any", data);
     });
     socket.addEventListener("close", (event) => {

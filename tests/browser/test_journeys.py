@@ -210,7 +210,8 @@ def test_an_admin_publishes_a_profile_and_lowers_a_quota(browser: Browser, porta
     admin.goto(f"{portal.url}/console/")
     expect(admin.locator("#queue-title")).to_be_visible()
     expect(admin.locator("#console-body")).to_contain_text("after-cut")
-    admin.wait_for_function("document.querySelector('[data-chart-url]').dataset.loaded")
+    # A function, not a string to evaluate: the pages' Content-Security-Policy refuses eval.
+    admin.wait_for_function("() => document.querySelector('[data-chart-url]').dataset.loaded")
     screenshot(admin, "admin-dashboard")
 
     # the pages work at a phone's width: no sideways scrolling
