@@ -30,7 +30,7 @@ echo "== migrations are up to date"
 
 echo "== production settings pass the deployment checks"
 PORTAL_ENV=production SECRET_KEY="$(head -c 48 /dev/urandom | base64)" ALLOWED_HOSTS=portal.example.org \
-  "$PY" manage.py check --deploy --fail-level WARNING
+  PORTAL_NOTEBOOK_DOMAIN=nb.example.org "$PY" manage.py check --deploy --fail-level WARNING
 
 echo "== tests"
 "$PY" -m pytest -n 2 --ignore=tests/browser "$@"

@@ -4,8 +4,9 @@ from one command.
 Run by deploy/run.sh after it has set up the virtualenv and the Node packages. It migrates,
 seeds the demo, starts the four processes, prints the URL and the logins, and on Ctrl-C (or
 SIGTERM) stops them all, leaving no stray processes. The proxy (configurable-http-proxy) listens
-on the public port and sends everything to the web process, except each notebook's
-/notebooks/<workspace>/<notebook>/, which it sends to that notebook's server.
+on the public port and routes by host: everything goes to the web process, except each
+notebook's own host name (``<name>-<id>.localhost`` unless PORTAL_NOTEBOOK_DOMAIN says
+otherwise), which it sends to that notebook's server.
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ def sandbox_problem() -> str:
     return ""
 
 
+def public_url(host: str, port: int) -> str:
+    """The portal's address for a browser on this machine: a wildcard bind is reached on loopback."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
@@ -132,10 +140,12 @@ def main() -> int:
         PORTAL_PROXY_AUTH_TOKEN=proxy_token,
         PORTAL_INTERNAL_URL=f"http://127.0.0.1:{web_port}",
     )
+    # Where browsers reach the portal; notebook URLs take its scheme and port.
+    os.environ.setdefault("PORTAL_PUBLIC_URL", public_url(args.host, args.port))
     proxy = [
         str(BASE_DIR / "node_modules" / ".bin" / "configurable-http-proxy"),
         *("--ip", args.host, "--port", str(args.port), "--api-ip", "127.0.0.1", "--api-port", str(proxy_api_port)),
-        *("--default-target", f"http://127.0.0.1:{web_port}", "--log-level", "warn"),
+        *("--default-target", f"http://127.0.0.1:{web_port}", "--host-routing", "--log-level", "warn"),
     ]
     children = {
         "web": _start(
@@ -156,8 +166,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        url = f"http://{args.host}:{args.port}"
-        if not _wait_for_http(f"{url}/healthz", children):
+        url = os.environ["PORTAL_PUBLIC_URL"]
+        if not _wait_for_http(f"{public_url(args.host, args.port)}/healthz", children):
             failed = [name for name, child in children.items() if child.poll() is not None]
             print(f"The portal did not start ({', '.join(failed) or 'web timed out'}); see {log_dir}.", flush=True)
             return 1

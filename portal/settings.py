@@ -327,6 +327,45 @@ PORTAL_PROXY_API_URL = env_str("PORTAL_PROXY_API_URL", "")
 PORTAL_PROXY_AUTH_TOKEN = env_secret("PORTAL_PROXY_AUTH_TOKEN")
 # How notebook servers reach the portal itself (to check who may use them), bypassing the proxy.
 PORTAL_INTERNAL_URL = env_str("PORTAL_INTERNAL_URL", "http://127.0.0.1:8000")
+# Each notebook on an origin of its own (docs/notebooks.md): http(s)://<name>-<id>.<PORTAL_NOTEBOOK_DOMAIN>[:port]/,
+# with the scheme and port of PORTAL_PUBLIC_URL, the portal's own public address (the embedded launcher
+# sets it). Production needs a wildcard DNS name and certificate for the domain; browsers resolve
+# *.localhost to loopback, so the embedded default needs none. The portal's host names lie outside the
+# domain, and its cookies stay host-only: none ever reaches a notebook.
+PORTAL_PUBLIC_URL = env_str("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").strip().rstrip("/")
+PORTAL_NOTEBOOK_DOMAIN = env_str("PORTAL_NOTEBOOK_DOMAIN", "" if PRODUCTION else "localhost").strip().strip(".").lower()
+
+
+def _check_notebook_origins() -> None:
+    from urllib.parse import urlsplit
+
+    public = urlsplit(PORTAL_PUBLIC_URL)
+    if public.scheme not in ("http", "https") or not public.hostname or public.path or public.query:
+        raise ImproperlyConfigured(f"PORTAL_PUBLIC_URL={PORTAL_PUBLIC_URL!r} must be http(s)://host[:port], no path.")
+    domain = PORTAL_NOTEBOOK_DOMAIN
+    if not domain:
+        raise ImproperlyConfigured("PORTAL_NOTEBOOK_DOMAIN must name the notebooks' wildcard domain in production.")
+    if not all(0 < len(p) <= 63 and p.replace("-", "").isalnum() and p.isascii() for p in domain.split(".")):
+        raise ImproperlyConfigured(f"PORTAL_NOTEBOOK_DOMAIN={domain!r} is not a DNS name.")
+
+    def reaches_notebooks(host: str) -> bool:  # the host is a notebook's, or a pattern that matches them
+        host = host.lower().rstrip(".")
+        if host.startswith("."):
+            return domain == host[1:] or domain.endswith(host)
+        return host == "*" or host.endswith("." + domain)
+
+    clashes = [h for h in [public.hostname, *ALLOWED_HOSTS] if reaches_notebooks(h)]
+    if public.hostname == domain or clashes:
+        raise ImproperlyConfigured(
+            f"The portal's own host names ({', '.join(clashes) or public.hostname}) must lie outside "
+            f"PORTAL_NOTEBOOK_DOMAIN ({domain}): notebooks are served there, on origins of their own."
+        )
+
+
+_check_notebook_origins()
+SESSION_COOKIE_DOMAIN = None  # host-only: never sent to a notebook's host
+CSRF_COOKIE_DOMAIN = None
+MIDDLEWARE.insert(0, "apps.compute.middleware.NotebookHostMiddleware")  # before Django's host check
 # Where the local and Slurm backends keep the notebook profiles' Python environments.
 PORTAL_NOTEBOOK_ENV_DIR = Path(env_str("PORTAL_NOTEBOOK_ENV_DIR", str(DATA_DIR / "envs")))
 # The Python that Slurm notebook environments are built with: the workspaces' accounts on the

@@ -2,7 +2,6 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from apps.compute.views import NotebookAccessView
 from portal import views
 
 urlpatterns = [
@@ -10,11 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("apps.console.urls")),
     path("api/v1/", include("apps.api.urls")),
-    path(
-        "internal/notebook-access/<str:workspace>/<str:notebook>/",
-        NotebookAccessView.as_view(),
-        name="notebook-access",
-    ),
+    path("", include("apps.compute.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),

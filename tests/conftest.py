@@ -59,6 +59,8 @@ def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
         settings.PORTAL_PROXY_API_URL = running.api_url
         settings.PORTAL_PROXY_AUTH_TOKEN = running.token
         settings.PORTAL_INTERNAL_URL = live_server.url
+        settings.PORTAL_PUBLIC_URL = running.url  # notebooks: http://<name>-<id>.localhost:<proxy port>/
+        settings.PORTAL_NOTEBOOK_DOMAIN = "localhost"
         settings.PORTAL_WORKLOAD_TRIGGER = "inline"
         settings.PORTAL_WORK_DIR = tmp_path / "work"
         try:

@@ -1,5 +1,9 @@
 """A real configurable-http-proxy in front of a test server, as deploy/run.sh puts one in front
-of the portal: for tests that reach notebooks the way a browser does."""
+of the portal, routing by host: for tests that reach notebooks the way a browser does, each on
+its own host name under ``localhost``.
+
+Chromium resolves every ``*.localhost`` name to loopback; Python's resolver here does not, so
+``browser_session()`` does it the browser's way (one narrow point: the address it connects to)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from requests.adapters import HTTPAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
 CHP = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -45,7 +54,7 @@ def running_proxy(default_target: str, log: Path) -> Iterator[Proxy]:
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [str(CHP), "--ip", "127.0.0.1", "--port", str(port), "--api-ip", "127.0.0.1", "--api-port", str(api_port),
-             "--default-target", default_target, "--no-x-forward", "--log-level", "warn"],
+             "--default-target", default_target, "--host-routing", "--no-x-forward", "--log-level", "warn"],
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "CONFIGPROXY_AUTH_TOKEN": token},
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -64,3 +73,34 @@ def running_proxy(default_target: str, log: Path) -> Iterator[Proxy]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+class LoopbackNames(HTTPAdapter):
+    """Connects to 127.0.0.1 for a ``*.localhost`` URL, with the name in the Host header, as a
+    browser does; cookies, redirects and everything else see the name."""
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        parts = urlsplit(request.url or "")
+        if not (parts.hostname or "").endswith(".localhost"):
+            return super().send(request, **kwargs)
+        routed = request.copy()
+        routed.url = urlunsplit(parts._replace(netloc=f"127.0.0.1:{parts.port or 80}"))
+        routed.headers["Host"] = parts.netloc
+        response = super().send(routed, **kwargs)
+        response.request, response.url = request, request.url or ""
+        return response
+
+
+def browser_session() -> requests.Session:
+    """A client that goes where a browser goes: ``*.localhost`` is loopback, redirects are followed
+    across hosts, and each host gets only its own cookies."""
+    session = requests.Session()
+    session.mount("http://", LoopbackNames())
+    return session
+
+
+def loopback_ws_options(url: str) -> tuple[str, dict[str, Any]]:
+    """``websocket.create_connection`` arguments for a ``ws://<name>.localhost:<port>/...`` URL."""
+    parts = urlsplit(url)
+    address = urlunsplit(parts._replace(netloc=f"127.0.0.1:{parts.port or 80}"))
+    return address, {"host": parts.netloc, "origin": f"http://{parts.netloc}"}

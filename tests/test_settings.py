@@ -69,7 +69,12 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
 
 
 def test_production_settings_pass_the_deployment_checks() -> None:
-    env = {"PORTAL_ENV": "production", "SECRET_KEY": "k" * 20 + "-Xy9" * 10, "ALLOWED_HOSTS": "portal.example.org"}
+    env = {
+        "PORTAL_ENV": "production",
+        "SECRET_KEY": "k" * 20 + "-Xy9" * 10,
+        "ALLOWED_HOSTS": "portal.example.org",
+        "PORTAL_NOTEBOOK_DOMAIN": "nb.example.org",
+    }
     result = _django_check(env, "--deploy", "--fail-level", "WARNING")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
 from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.catalog.models import ComputeProfile, NotebookProfile
-from apps.compute.models import Instance, Notebook
+from apps.compute.models import Instance, Notebook, NotebookAuthCode
 from apps.inventory.models import Allocation, Cluster
 from apps.jobs.actions import check_cluster_fits
 from apps.scheduling.limits import check_request_size
 from apps.scheduling.trigger import request_cycle, request_workload
+from apps.workspaces.access import CHANGE, restrict
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -169,7 +175,6 @@ def check_launch_notebook(
             name=name,
             description=description,
             profile=profile,
-            url=f"/notebooks/{workspace.name}/{name}/",
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(
@@ -227,3 +232,60 @@ def _update_description(obj: Any, event: str, fields: dict[str, Any], acting_use
             obj.save(update_fields=list(changed))
             do_log_event(event, obj, acting_user=acting_user, origin=origin, workspace=obj.workspace, data=changed)
     return obj
+
+
+# -- signing in to a notebook's server (the handoff of docs/notebooks.md) --------------------------
+
+AUTH_CODE_TTL = timedelta(seconds=30)
+
+
+def _code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def may_use_notebook(notebook: Notebook, user: Any) -> bool:
+    """Whether ``user`` may use the notebook's server: a member or owner of its workspace."""
+    return restrict(Notebook.objects.filter(pk=notebook.pk), user, CHANGE).exists()
+
+
+@transaction.atomic(durable=True)
+def do_issue_notebook_code(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> str:
+    """A code that signs ``acting_user`` in to the notebook's server: single-use, valid for
+    ``AUTH_CODE_TTL``, bound to this notebook and user. The caller has checked that the user may
+    use the notebook; only the code's hash is stored. Logged as the user opening the notebook."""
+    now = timezone.now()
+    NotebookAuthCode.objects.filter(expires_at__lt=now - AUTH_CODE_TTL).delete()  # long dead: keep the table small
+    code = secrets.token_urlsafe(32)
+    NotebookAuthCode.objects.create(
+        notebook=notebook, user=acting_user, code_hash=_code_hash(code), expires_at=now + AUTH_CODE_TTL
+    )
+    do_log_event("notebook.open", notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
+    return code
+
+
+@transaction.atomic(durable=True)
+def do_redeem_notebook_code(notebook: Notebook, code: str) -> Any | None:
+    """The user a code was issued to, if it is this notebook's, unused and unexpired, and the user
+    may still use the notebook; the code is spent either way. None otherwise."""
+    now = timezone.now()
+    spent = NotebookAuthCode.objects.filter(
+        code_hash=_code_hash(code), notebook=notebook, used_at__isnull=True, expires_at__gt=now
+    ).update(used_at=now)
+    if spent != 1:
+        return None
+    user = NotebookAuthCode.objects.select_related("user").get(code_hash=_code_hash(code)).user
+    if not user.is_active or not may_use_notebook(notebook, user):
+        return None
+    return user
+
+
+def check_notebook_secret(notebook: Notebook | None, presented: str) -> bool:
+    """Whether ``presented`` is the notebook's own secret (its server's token), in constant time."""
+    expected = notebook.access_token if notebook is not None else secrets.token_urlsafe(32)
+    return bool(presented) and hmac.compare_digest(expected.encode(), presented.encode())
+
+
+def notebook_user(notebook: Notebook, username: str) -> Any | None:
+    """The active user of that name, if they may use the notebook."""
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    return user if user is not None and may_use_notebook(notebook, user) else None

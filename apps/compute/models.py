@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.compute.hosts import host_label, notebook_host, notebook_origin
 from apps.names import validate_dns_label
 from apps.scheduling.models import Workload
 
@@ -77,7 +78,6 @@ class Notebook(models.Model):
     profile = models.ForeignKey("catalog.NotebookProfile", on_delete=models.PROTECT, related_name="notebooks")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
-    url = models.CharField(max_length=500, blank=True)
     access_token = models.CharField(max_length=100, default=_new_access_token)
     backend_state = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
@@ -99,3 +99,34 @@ class Notebook(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}"
+
+    @property
+    def host_label(self) -> str:
+        """The DNS label of the notebook's own host name (see apps/compute/hosts.py)."""
+        return host_label(self.name, self.pk)
+
+    @property
+    def host(self) -> str:
+        """The notebook's own host name, which the proxy routes to its server."""
+        return notebook_host(self.host_label)
+
+    @property
+    def url(self) -> str:
+        """Where a browser opens the notebook: the root of its own origin."""
+        return f"{notebook_origin(self.host_label)}/" if self.pk else ""
+
+
+class NotebookAuthCode(models.Model):
+    """A one-time code of the sign-in handoff to a notebook's server (JupyterHub's OAuth code):
+    issued to a user who may use the notebook, redeemed once, within seconds, by that notebook's
+    server alone. Only its SHA-256 is kept."""
+
+    notebook = models.ForeignKey(Notebook, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    code_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"code for {self.notebook} ({self.user})"

@@ -1,8 +1,10 @@
 """The notebook proxy's routing table, through configurable-http-proxy's REST API.
 
-The proxy stands in front of the portal: its default target is the portal, and each ready
-notebook adds a route ``/notebooks/<workspace>/<notebook>/`` to its server. Routes carry the
-notebook's id, so the reconcile loop can tell ours from stale ones after a crash.
+The proxy stands in front of the portal and routes by host (``--host-routing``): its default
+target is the portal, and each ready notebook adds a route for its own host name
+(``<label>.<PORTAL_NOTEBOOK_DOMAIN>``, see apps/compute/hosts.py) to its server. The proxy keys
+such a route ``/<host>`` and matches it whatever the port in the request's Host header. Routes
+carry the notebook's id, so the reconcile loop can tell ours from stale ones after a crash.
 """
 
 from __future__ import annotations
@@ -46,17 +48,22 @@ def _call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     return json.loads(payload) if payload else None
 
 
-def add_route(prefix: str, target: str, notebook_id: int) -> None:
-    """Route ``prefix`` (and everything under it) to ``target``; replaces an existing route."""
-    _call("POST", prefix.rstrip("/"), {"target": target, "portal_notebook": notebook_id})
+def host_route(host: str) -> str:
+    """The proxy's key for every request to ``host`` (any port, any path)."""
+    return "/" + host.lower()
 
 
-def remove_route(prefix: str) -> None:
-    """Remove the route; a route that is not there is fine."""
-    _call("DELETE", prefix.rstrip("/"))
+def add_route(host: str, target: str, notebook_id: int) -> None:
+    """Send every request for ``host`` to ``target``; replaces an existing route."""
+    _call("POST", host_route(host), {"target": target, "portal_notebook": notebook_id})
+
+
+def remove_route(route: str) -> None:
+    """Remove a route by its key (``host_route``); a route that is not there is fine."""
+    _call("DELETE", route.rstrip("/"))
 
 
 def routes() -> dict[str, dict[str, Any]]:
-    """The proxy's table: prefix -> {"target": ..., "portal_notebook": id, ...}."""
+    """The proxy's table: key -> {"target": ..., "portal_notebook": id, ...}."""
     table = _call("GET", "")
     return dict(table or {})

@@ -74,8 +74,9 @@ def _instance_spec(instance: Instance) -> InstanceSpec:
 
 
 def notebook_auth_url(notebook: Notebook) -> str:
+    """Where the notebook's server reaches the portal, server to server (apps/compute/views.py)."""
     base = settings.PORTAL_INTERNAL_URL.rstrip("/")
-    return f"{base}/internal/notebook-access/{notebook.workspace.name}/{notebook.name}/"
+    return f"{base}/internal/notebooks/{notebook.pk}/"
 
 
 def _notebook_spec(notebook: Notebook) -> NotebookSpec:
@@ -85,7 +86,7 @@ def _notebook_spec(notebook: Notebook) -> NotebookSpec:
         workspace=notebook.workspace.name,
         name=notebook.name,
         work_dir=instance_dir(instance),
-        base_url=notebook.url,
+        base_url="/",  # the root of its own host
         token=notebook.access_token,
         python_packages=list(notebook.profile.python_packages),
         image=notebook.profile.image,
@@ -310,7 +311,7 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
         target = endpoint.url or f"http://{endpoint.host}:{endpoint.port}"
         if not proxy.configured():
             raise BackendError("no notebook proxy is configured (PORTAL_PROXY_API_URL)", permanent=True)
-        proxy.add_route(notebook.url, target, notebook.pk)
+        proxy.add_route(notebook.host, target, notebook.pk)
     except (PolicyRefusal, BackendError, proxy.ProxyError) as exc:
         _stop_quietly(backend, f"notebook {notebook_id}")
         if isinstance(exc, BackendError | proxy.ProxyError) and not getattr(exc, "permanent", False):
@@ -340,7 +341,7 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
 
 def _remove_route(notebook: Notebook) -> None:
     try:
-        proxy.remove_route(notebook.url)
+        proxy.remove_route(proxy.host_route(notebook.host))
     except proxy.ProxyError:
         logger.warning("could not remove the route of notebook %s; reconcile will", notebook.pk, exc_info=True)
 
@@ -414,9 +415,9 @@ def request_compute_sync(kind: str, pk: int) -> None:
 
 
 def reconcile_compute(*, sweep: bool = True) -> dict[str, int]:
-    """Converge every live instance and notebook, drop stale proxy routes, stop orphaned
-    processes. One object that fails is logged and retried next time."""
-    counts = {"instances": 0, "notebooks": 0, "failed": 0, "routes_removed": 0, "orphans_stopped": 0}
+    """Converge every live instance and notebook, drop stale proxy routes and restore lost ones,
+    stop orphaned processes. One object that fails is logged and retried next time."""
+    counts = {"instances": 0, "notebooks": 0, "failed": 0, "routes_removed": 0, "routes_added": 0, "orphans_stopped": 0}
     lost = timezone.now() - timedelta(seconds=settings.PORTAL_START_LOST_AFTER_S)
     instances = Instance.objects.filter(
         Q(state__in=[Instance.State.RUNNING, Instance.State.DELETING])
@@ -442,7 +443,7 @@ def reconcile_compute(*, sweep: bool = True) -> dict[str, int]:
                 delay = RECONCILE.failed(name[:-1], pk)
                 logger.exception("reconcile of %s %s failed; retrying in %.0f s", name[:-1], pk, delay)
     try:
-        counts["routes_removed"] = _remove_stale_routes()
+        counts["routes_removed"], counts["routes_added"] = _sync_routes()
     except proxy.ProxyError:
         logger.warning("could not read the notebook proxy's routes", exc_info=True)
     if sweep:  # reads /proc and squeue: the scheduler loop asks for it every SWEEP_EVERY_S
@@ -465,18 +466,29 @@ def _converge_or_dispatch(converge: Any, kind: str, pk: int) -> None:
     converge(pk)
 
 
-def _remove_stale_routes() -> int:
+def _sync_routes() -> tuple[int, int]:
+    """Remove the proxy's routes of notebooks that are not ready (a crash between a stop and its
+    record), and route ready notebooks the proxy lost (a proxy restart). Returns (removed, added)."""
     if not proxy.configured():
-        return 0
-    ready = set(Notebook.objects.filter(state=Notebook.State.READY).values_list("url", "pk"))
-    removed = 0
-    for prefix, route in proxy.routes().items():
-        if "portal_notebook" not in route:
+        return 0, 0
+    ready = {
+        proxy.host_route(notebook.host): notebook
+        for notebook in Notebook.objects.filter(state=Notebook.State.READY).only("pk", "name", "backend_state")
+    }
+    table = proxy.routes()
+    removed = added = 0
+    for route, entry in table.items():
+        if "portal_notebook" not in entry:
             continue  # not one of ours
-        if (prefix.rstrip("/") + "/", route["portal_notebook"]) not in ready:
-            proxy.remove_route(prefix)
+        notebook = ready.get(route.rstrip("/"))
+        if notebook is None or entry["portal_notebook"] != notebook.pk:
+            proxy.remove_route(route)
             removed += 1
-    return removed
+    for route, notebook in ready.items():
+        if route not in table and notebook.backend_state.get("target"):
+            proxy.add_route(notebook.host, notebook.backend_state["target"], notebook.pk)
+            added += 1
+    return removed, added
 
 
 def sweep_orphans() -> int:

@@ -1,30 +1,122 @@
-"""The check notebook servers make before letting a request through (see workers/notebook)."""
+"""The portal's side of signing in to a notebook's server (docs/notebooks.md, "Who gets in").
+
+A browser without a session on a notebook's host is sent to ``authorize``, on the portal's own
+origin, where the portal's session lives. For a signed-in user who may use the notebook, it
+issues a one-time code and sends the browser to the notebook host's callback; the server there
+redeems the code over the portal's internal URL (``redeem_code``), authenticating with its own
+secret, and sets a cookie of its own. On every later request it asks ``check_user`` whether the
+user may still use it. The portal's cookies never leave its own host.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.request import Request
-from rest_framework.response import Response
-from rest_framework.views import APIView
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
 
+from apps.audit.actions import Origin
+from apps.audit.models import AuditEvent
+from apps.compute import actions, hosts
 from apps.compute.models import Notebook
-from apps.workspaces.access import CHANGE, VIEW, restrict
+from apps.web.common import page
+from apps.workspaces.access import VIEW, restrict
+
+NO_SUCH_NOTEBOOK = "No such notebook."
 
 
-class NotebookAccessView(APIView):
-    """200 with the username when the request's own credentials (session or API token) belong
-    to someone who may use the notebook: today, a member or owner of its workspace. A viewer is
-    refused (403); anyone who cannot see the workspace gets 404, as everywhere in the API."""
+@never_cache
+@require_GET
+def authorize(request: HttpRequest, label: str) -> HttpResponse:
+    """Sign the browser in to the notebook of ``label``: 404 alike for a notebook that does not
+    exist and one the user cannot see, 403 for a viewer, a waiting page while it starts."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path(), "web:login")
+    pk = hosts.pk_of_label(label)
+    notebook = restrict(Notebook.objects.select_related("workspace"), request.user, VIEW).filter(pk=pk).first()
+    if notebook is None or notebook.host_label != label:
+        raise Http404(NO_SUCH_NOTEBOOK)
+    if not actions.may_use_notebook(notebook, request.user):
+        raise PermissionDenied(
+            f"Viewers of {notebook.workspace.name} cannot open its notebooks; ask an owner for member access."
+        )
+    if notebook.state != Notebook.State.READY:
+        status = 503 if notebook.state in Notebook.LIVE_STATES else 404
+        response = page(request, "web/notebooks/not_ready.html", {"notebook": notebook}, status=status)
+        if status == 503:
+            response["Retry-After"] = "3"
+        return response
+    code = actions.do_issue_notebook_code(
+        notebook, acting_user=request.user, origin=Origin.from_request(request, AuditEvent.Via.WEB)
+    )
+    return HttpResponseRedirect(hosts.callback_url(label, code, request.GET.get("next", "/")))
 
-    schema = None  # internal: called by notebook servers, not part of the public API
 
-    def get(self, request: Request, workspace: str, notebook: str) -> Response:
-        live = Notebook.objects.filter(workspace__name=workspace, name=notebook, state__in=Notebook.LIVE_STATES)
-        if not restrict(live, request.user, VIEW).exists():
-            raise NotFound(f"No notebook {workspace}/{notebook}.")
-        if not restrict(live, request.user, CHANGE).exists():
-            raise PermissionDenied(f"Viewers of {workspace} cannot open its notebooks; ask an owner for member access.")
-        user: Any = request.user
-        return Response({"username": user.get_username()})
+def _server_notebook(request: HttpRequest, pk: int) -> Notebook:
+    """The live notebook whose server sent the request (its secret as a bearer token), or 403:
+    the same for a wrong secret and a notebook that does not exist."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    notebook = Notebook.objects.filter(pk=pk, state__in=Notebook.LIVE_STATES).first()
+    if scheme.lower() != "bearer" or not actions.check_notebook_secret(notebook, secret.strip()):
+        raise PermissionDenied("This is for the notebook's own server, with its secret.")
+    assert notebook is not None
+    return notebook
+
+
+def _refused(message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=403)
+
+
+@never_cache
+@require_GET
+def server_config(request: HttpRequest, pk: int) -> JsonResponse:
+    """What the notebook's server needs to know of the portal: where to send a browser to sign in."""
+    try:
+        notebook = _server_notebook(request, pk)
+    except PermissionDenied as exc:
+        return _refused(str(exc))
+    return JsonResponse({"authorize_url": hosts.authorize_url(notebook.host_label), "label": notebook.host_label})
+
+
+@csrf_exempt  # server to server, with a bearer secret and no cookie
+@never_cache
+@require_POST
+def redeem_code(request: HttpRequest, pk: int) -> JsonResponse:
+    """The user a one-time code was issued to, for the notebook's server that presents it."""
+    try:
+        notebook = _server_notebook(request, pk)
+    except PermissionDenied as exc:
+        return _refused(str(exc))
+    code = _posted_code(request)
+    user = actions.do_redeem_notebook_code(notebook, code) if code else None
+    if user is None:
+        return _refused("The code is unknown, spent, expired or another notebook's.")
+    return JsonResponse({"username": user.get_username()})
+
+
+def _posted_code(request: HttpRequest) -> str:
+    try:
+        body: Any = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) and 0 < len(code) <= 200 else ""
+
+
+@never_cache
+@require_GET
+def check_user(request: HttpRequest, pk: int, username: str) -> JsonResponse:
+    """200 if ``username`` may still use the notebook, 403 if not (or no longer)."""
+    try:
+        notebook = _server_notebook(request, pk)
+    except PermissionDenied as exc:
+        return _refused(str(exc))
+    user = actions.notebook_user(notebook, username)
+    if user is None:
+        return _refused(f"{username} may not use this notebook.")
+    return JsonResponse({"username": user.get_username()})

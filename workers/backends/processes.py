@@ -1,8 +1,8 @@
 """What the backends that run processes (local, Slurm) run for an instance and a notebook.
 
 An instance is a holder (``sleep infinity``) with the instance's GPUs; a notebook a Jupyter server
-from the profile's environment, under the proxy's base URL, letting in whom the portal allows
-(see workers/notebook). Both are then started as one-replica jobs."""
+from the profile's environment, at the root of the notebook's own host name behind the proxy,
+letting in whom the portal allows (see workers/notebook). Both are then started as one-replica jobs."""
 
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
         shlex.quote(f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}"),
         # Bound to the node behind the portal's proxy, which keeps the browser's Host header.
         "--ServerApp.allow_remote_access=True",
+        # Every request is the portal's to allow (workers/notebook): the server's token, or the
+        # session its sign-in handoff sets; the portal's URL for this notebook is no secret.
         "--ServerApp.identity_provider_class=portal_identity.PortalIdentityProvider",
-        shlex.quote(f"--PortalIdentityProvider.portal_auth_url={spec.auth_url}"),
+        shlex.quote(f"--PortalIdentityProvider.portal_url={spec.auth_url}"),
     ]
     if os.geteuid() == 0:  # containers and CI often run as root; Jupyter refuses that by default
         args.append("--allow-root")

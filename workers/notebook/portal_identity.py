@@ -1,68 +1,298 @@
 """Who may use a notebook server: loaded by the Jupyter server the portal starts.
 
+The server is served at the root of a host name of its own (``<label>.<PORTAL_NOTEBOOK_DOMAIN>``),
+an origin the portal's cookies never reach. A request gets in, on any path:
+
+- with the server's own token (``JUPYTER_TOKEN``, which the portal shows the workspace's members,
+  for IDEs and scripts) in an ``Authorization: token <t>`` header or ``?token=<t>``; or
+- with this server's own session cookie, set by the sign-in handoff below, while the portal
+  still says its user may use the notebook (asked again at most every second, so that removing
+  someone's access ends it at their next request).
+
+Anything else, landing page, static files and API included, is redirected to the portal's
+authorize page (a WebSocket is refused, 403), exactly as the portal answers for a host with no
+notebook behind it (apps/compute/middleware.py). There a signed-in user who may use the notebook gets a one-time
+code and comes back to ``/portal-auth/callback``, where this server redeems the code with the
+portal, server to server, authenticating with its token, and sets its own cookie: host-only,
+HttpOnly, SameSite=Lax, signed with a secret this server process alone holds. The portal's
+credentials never reach the server, and the server never passes any on.
+
 The server runs in the notebook's own environment, so this module needs nothing but the Jupyter
-server itself. A request gets in with the server's own token (the portal shows it to the
-notebook's workspace members), or when the portal says the request's own credentials (its
-session cookie or its ``Authorization: Token`` header, passed on as they came) belong to someone
-allowed to use this notebook. Answers are cached for a few seconds, so a page load with many
-requests asks the portal once.
+server itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import ipaddress
 import json
+import secrets
 import time
+import urllib.parse
 from typing import Any
 
+from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.auth.identity import IdentityProvider, User
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from jupyter_server.base.handlers import JupyterHandler
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float, Unicode
+
+CALLBACK_PATH = "/portal-auth/callback"
+# The same bytes and headers as the portal's answers for a host with no notebook behind it.
+CALLBACK_REFUSED = "This sign-in link is invalid or has expired. Open the notebook again from the portal.\n"
+ANSWER_HEADERS = {"Cache-Control": "no-store", "Server": "gpuportal", "X-Content-Type-Options": "nosniff"}
+SESSION_DAYS = 7.0
+TOKEN_USER = User(username="notebook-token", name="Notebook token", display_name="Notebook token")
+
+
+class PortalUnavailable(Exception):
+    """The portal could not be asked (down, or an unexpected answer): 503, the session kept."""
 
 
 class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
-    portal_auth_url = Unicode("", config=True, help="The portal's access check for this notebook.")
-    cache_seconds = Float(10.0, config=True, help="How long an answer of the portal is reused.")
+    portal_url = Unicode(
+        "", config=True, help="The portal's URL for this notebook: <PORTAL_INTERNAL_URL>/internal/notebooks/<id>/"
+    )
+    access_cache_seconds = Float(1.0, config=True, help="How long the portal's yes or no is reused (at most 1 s).")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._answers: dict[str, tuple[float, User | None]] = {}
+        self._process_secret = secrets.token_bytes(32)
+        self._config: dict[str, Any] | None = None
+        self._answers: dict[str, tuple[float, bool]] = {}
+
+    # -- Jupyter's hooks ------------------------------------------------------------------------
+
+    def cookie_secret_hook(self, h: Any) -> Any:
+        """Sessions are signed with a secret of this process alone: a restart ends them (the
+        browser signs in again through the portal, unnoticed), and no file holds it."""
+        h.update(self._process_secret)
+        return h
+
+    def get_handlers(self) -> list[tuple[str, object]]:
+        """The callback, and the routes Jupyter serves without asking who is there, asking."""
+        return [
+            (CALLBACK_PATH, PortalCallbackHandler),
+            (r"/?", RootHandler),
+            (r".*/", TrailingSlashHandler),
+            (r"/(?:robots\.txt|favicon\.ico)", NotFoundHandler),
+        ]
 
     async def get_user(self, handler: Any) -> User | None:
-        user: User | None = await self._get_user(handler)  # the server's token, or its login cookie
-        if user is not None or not self.portal_auth_url:
-            return user
-        headers = {}
-        for name in ("Cookie", "Authorization"):
-            value = handler.request.headers.get(name)
-            if value:
-                headers[name] = value
-        if not headers:
-            return None
-        key = hashlib.sha256(json.dumps(headers, sort_keys=True).encode()).hexdigest()
-        now = time.monotonic()
-        cached = self._answers.get(key)
-        if cached is not None and cached[0] > now:
-            user = cached[1]
-        else:
-            user = await self._ask_portal(headers)
-            if len(self._answers) > 1000:
-                self._answers.clear()
-            self._answers[key] = (now + self.cache_seconds, user)
-        if user is not None and "Authorization" in headers:
-            # An API client, not a browser: no XSRF cookie to check (as with the server's own token).
-            handler._token_authenticated = True
+        if isinstance(handler, PortalCallbackHandler) or _is_readiness_probe(handler):
+            return None  # the callback signs the browser in; the probe only learns the server is up
+        try:
+            user = self._token_user(handler) or await self._session_user(handler)
+            if user is None:
+                await self._send_to_portal(handler)
+        except PortalUnavailable:
+            self.log.warning("The portal cannot be reached: %s refused for now", handler.request.path, exc_info=True)
+            _bare_answer(handler, 503, "The portal cannot be reached to check who may use this notebook. Try again.\n")
+            raise web.Finish() from None
         return user
 
-    async def _ask_portal(self, headers: dict[str, str]) -> User | None:
-        request = HTTPRequest(self.portal_auth_url, headers=headers, request_timeout=10, follow_redirects=False)
-        response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        if response.code != 200:
-            if response.code >= 500 or response.code == 599:
-                self.log.warning("The portal's access check answered %s", response.code)
+    # -- the token, and the session cookie --------------------------------------------------------
+
+    def _token_user(self, handler: Any) -> User | None:
+        presented = self.get_token(handler) or ""
+        if not self.token or not hmac.compare_digest(presented.encode(), self.token.encode()):
+            return None
+        handler._token_authenticated = True  # a script or an IDE: no XSRF cookie to check, as in Jupyter
+        if handler.get_argument("token", ""):  # a browser: keep it signed in, as Jupyter does
+            self._set_session(handler, {"k": "token", "t": self._token_fingerprint()})
+        return TOKEN_USER
+
+    def _token_fingerprint(self) -> str:
+        return hashlib.sha256(self.token.encode()).hexdigest()[:32]
+
+    def _cookie_name(self) -> str:
+        return "__Host-gpuportal-notebook" if self._secure() else "gpuportal-notebook"
+
+    def _secure(self) -> bool:
+        return bool(self._config and self._config["authorize_url"].startswith("https:"))
+
+    def _set_session(self, handler: Any, payload: dict[str, str]) -> None:
+        handler.set_signed_cookie(
+            self._cookie_name(),
+            json.dumps(payload),
+            expires_days=None,
+            path="/",
+            httponly=True,
+            secure=self._secure(),
+            samesite="Lax",
+        )
+
+    async def _session_user(self, handler: Any) -> User | None:
+        await self._portal_config()  # the cookie's name depends on the portal's scheme
+        raw = handler.get_signed_cookie(self._cookie_name(), max_age_days=SESSION_DAYS)
+        if not raw:
             return None
         try:
-            name = str(json.loads(response.body)["username"])
-        except (ValueError, KeyError, TypeError):
+            payload = json.loads(raw)
+        except ValueError:
             return None
-        return User(username=name, name=name, display_name=name)
+        if payload.get("k") == "token" and hmac.compare_digest(str(payload.get("t")), self._token_fingerprint()):
+            return TOKEN_USER
+        username = payload.get("u") if payload.get("k") == "user" else None
+        if not isinstance(username, str) or not username:
+            return None
+        if not await self._may_use(username):
+            handler.clear_cookie(self._cookie_name(), path="/")
+            return None
+        return User(username=username, name=username, display_name=username)
+
+    async def _may_use(self, username: str) -> bool:
+        now = time.monotonic()
+        cached = self._answers.get(username)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        code, _ = await self._ask_portal("GET", f"users/{urllib.parse.quote(username, safe='')}/")
+        if code not in (200, 403):
+            raise PortalUnavailable(f"the portal answered {code}")
+        if len(self._answers) > 1000:
+            self._answers.clear()
+        self._answers[username] = (now + min(self.access_cache_seconds, 1.0), code == 200)
+        return code == 200
+
+    # -- the handoff ------------------------------------------------------------------------------
+
+    async def _send_to_portal(self, handler: Any) -> None:
+        """Redirect to the portal's authorize page and stop there: no handler runs."""
+        config = await self._portal_config()
+        request = handler.request
+        if request.headers.get("Upgrade", "").lower() == "websocket":  # cannot follow a redirect
+            _bare_answer(handler, 403)
+            raise web.Finish()
+        target = urllib.parse.unquote(request.path) + ("?" + request.query if request.query else "")
+        location = config["authorize_url"] + "?" + urllib.parse.urlencode({"next": target})
+        _bare_answer(handler, 302, location=location)
+        raise web.Finish()
+
+    async def redeem(self, code: str) -> str | None:
+        """The username the portal issued ``code`` to, for this notebook; None if it refuses."""
+        status, body = await self._ask_portal("POST", "code/", {"code": code})
+        if status == 200 and isinstance(body.get("username"), str):
+            self._answers.pop(body["username"], None)
+            return str(body["username"])
+        if status != 403:
+            self.log.warning("The portal answered %s to a sign-in code", status)
+        return None
+
+    def sign_in(self, handler: Any, username: str) -> None:
+        self._set_session(handler, {"k": "user", "u": username})
+
+    async def _portal_config(self) -> dict[str, Any]:
+        if self._config is None:
+            status, body = await self._ask_portal("GET", "")
+            if status != 200 or not str(body.get("authorize_url", "")).startswith(("http://", "https://")):
+                raise PortalUnavailable(f"the portal answered {status} for this notebook")
+            self._config = body
+        return self._config
+
+    async def _ask_portal(self, method: str, path: str, payload: Any = None) -> tuple[int, dict[str, Any]]:
+        if not self.portal_url:
+            raise PortalUnavailable("PortalIdentityProvider.portal_url is not set")
+        request = HTTPRequest(
+            self.portal_url + path,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            body=json.dumps(payload) if payload is not None else None,
+            request_timeout=10,
+            follow_redirects=False,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError) as exc:  # refused, unreachable, timed out
+            raise PortalUnavailable(f"{method} {request.url}: {exc}") from exc
+        if response.code >= 500:
+            self.log.warning("The portal answered %s to %s %s", response.code, method, path or "/")
+        try:
+            body = json.loads(response.body or b"{}")
+        except ValueError:
+            body = {}
+        return response.code, body if isinstance(body, dict) else {}
+
+
+def _is_readiness_probe(handler: Any) -> bool:
+    """``GET /api`` (the server's version) by address, not by name: the backends' readiness checks.
+    Through the proxy a request always names the notebook's host, so it never is one."""
+    if handler.request.path != "/api":
+        return False
+    host = handler.request.host.rsplit(":", 1)[0] if not handler.request.host.startswith("[") else "::1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _bare_answer(handler: Any, status: int, body: str = "", *, location: str = "") -> None:
+    """Send an answer with the portal's headers for notebook hosts and none of Jupyter's: the
+    same bytes as the portal's for a host with no notebook behind it."""
+    handler.clear()
+    for name in ("Content-Security-Policy", *handler.settings.get("headers", {})):
+        handler.clear_header(name)
+    handler.set_status(status)
+    handler.set_header("Content-Type", "text/plain; charset=utf-8")
+    for name, value in ANSWER_HEADERS.items():
+        handler.set_header(name, value)
+    if location:
+        handler.set_header("Location", location)
+    web.RequestHandler.finish(handler, body)  # not Jupyter's API finish, which makes it JSON
+
+
+def _safe_next(value: str) -> str:
+    """A path on this host, else ``/``: never an open redirect (as apps/compute/hosts.py)."""
+    if (
+        not value.startswith("/")
+        or value.startswith("//")
+        or "\\" in value
+        or any(ord(c) < 0x21 or ord(c) == 0x7F for c in value)
+    ):
+        return "/"
+    return value
+
+
+class PortalCallbackHandler(JupyterHandler):  # type: ignore[misc]
+    """Where the portal sends the browser with a one-time code: redeem it, set the session, go on."""
+
+    @allow_unauthenticated
+    async def get(self) -> None:
+        provider = self.identity_provider
+        code = self.get_argument("code", "")
+        username = await provider.redeem(code) if 0 < len(code) <= 200 else None
+        if username is None:
+            _bare_answer(self, 403, CALLBACK_REFUSED)
+            return
+        provider.sign_in(self, username)
+        self.redirect(_safe_next(self.get_argument("next", "/")))
+
+
+class RootHandler(JupyterHandler):  # type: ignore[misc]
+    """``/``: Jupyter's own (a redirect to the default URL, or its main page), for users only."""
+
+    def get(self) -> None:
+        default = self.settings.get("default_url", "/")
+        if default.rstrip("/") != self.base_url.rstrip("/"):
+            self.redirect(default + ("?" + self.request.query if self.request.query else ""))
+        else:
+            self.write(self.render_template("main.html"))
+
+
+class TrailingSlashHandler(JupyterHandler):  # type: ignore[misc]
+    """Jupyter's trailing-slash redirect, for users only."""
+
+    def get(self) -> None:
+        path, *rest = self.request.uri.partition("?")
+        self.redirect("".join(["/" + path.strip("/"), *rest]))
+
+    post = put = get
+
+
+class NotFoundHandler(JupyterHandler):  # type: ignore[misc]
+    """What Jupyter serves without asking (robots.txt, favicon.ico): nothing, and only to users."""
+
+    def get(self) -> None:
+        raise web.HTTPError(404)
