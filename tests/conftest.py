@@ -61,6 +61,11 @@ def proxy(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Proxy]:
         settings.PORTAL_INTERNAL_URL = live_server.url
         settings.PORTAL_PUBLIC_URL = running.url  # notebooks: http://<name>-<id>.localhost:<proxy port>/
         settings.PORTAL_NOTEBOOK_DOMAIN = "localhost"
+        # Its pages (sign-in, the notebooks' authorize page) link the unhashed static files.
+        settings.STORAGES = {
+            **settings.STORAGES,
+            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+        }
         settings.PORTAL_WORKLOAD_TRIGGER = "inline"
         settings.PORTAL_WORK_DIR = tmp_path / "work"
         try:

@@ -104,3 +104,15 @@ def loopback_ws_options(url: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(url)
     address = urlunsplit(parts._replace(netloc=f"127.0.0.1:{parts.port or 80}"))
     return address, {"host": parts.netloc, "origin": f"http://{parts.netloc}"}
+
+
+def sign_in(portal_url: str, username: str, password: str) -> requests.Session:
+    """A browser signed in to the portal through its sign-in page (its cookies on the portal's host)."""
+    browser = browser_session()
+    login = f"{portal_url}/login/"
+    browser.get(login, timeout=10).raise_for_status()
+    form = {"username": username, "password": password, "csrfmiddlewaretoken": browser.cookies["csrftoken"]}
+    response = browser.post(login, data=form, timeout=10)
+    if not (response.ok and "sessionid" in browser.cookies):
+        raise AssertionError(f"{username} could not sign in: {response.status_code} {response.text[:300]}")
+    return browser

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.proxy import browser_session, sign_in
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -127,9 +129,18 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         notebook = requests.post(f"{url}/api/v1/notebooks/", json=body, headers=headers, timeout=10).json()
         notebook_url = f"{url}/api/v1/notebooks/{notebook['id']}/"
         assert _wait_for_state(notebook_url, headers, {"READY", "FAILED"}, timeout_s=180) == "READY"
-        status = f"{url}/notebooks/admin/lab/api/status"
-        assert requests.get(status, headers=headers, timeout=10).status_code == 200
-        assert requests.get(status, timeout=10).status_code == 403
+        # ...on a host of its own: the admin signs in to the portal and is handed on to it; the
+        # server's token works too; nobody else gets anything but the way to the portal.
+        assert notebook["url"] == f"http://lab-{notebook['id']}.localhost:{portal.port}/"
+        status = f"{notebook['url']}api/status"
+        admin = sign_in(url, "admin", password.group(1))
+        opened = admin.get(notebook["url"], timeout=30)
+        assert opened.status_code == 200 and "A Jupyter Server is running" in opened.text
+        nb_token = {"Authorization": f"token {notebook['access_token']}"}
+        assert browser_session().get(status, headers=nb_token, timeout=10).status_code == 200
+        anonymous = browser_session().get(status, allow_redirects=False, timeout=10)
+        assert anonymous.status_code == 302
+        assert anonymous.headers["Location"].startswith(f"{url}/notebooks/authorize/lab-{notebook['id']}/")
 
         # A job still running when the portal stops is stopped with it (its command names the
         # data directory, so the check for stray processes below would see it).
@@ -150,7 +161,10 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         notebook_url = f"{url}/api/v1/notebooks/{notebook['id']}/"
         assert _wait_for_state(notebook_url, headers, {"READY"}, timeout_s=60) == "READY"
         deadline = time.monotonic() + 30
-        while requests.get(f"{url}/notebooks/admin/lab/api/status", headers=headers, timeout=10).status_code != 200:
+        # Its URL follows the portal's new address (another port this time).
+        status = requests.get(notebook_url, headers=headers, timeout=10).json()["url"] + "api/status"
+        assert f":{again.port}/" in status
+        while browser_session().get(status, headers=nb_token, timeout=10).status_code != 200:
             assert time.monotonic() < deadline, "the notebook did not come back after the restart"
             time.sleep(0.3)
     finally:

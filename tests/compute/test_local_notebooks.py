@@ -32,6 +32,7 @@ from apps.workspaces.actions import do_remove_membership
 from apps.workspaces.models import Membership, Role
 from tests.personas import PASSWORD, World
 from tests.proxy import Proxy, browser_session, loopback_ws_options
+from tests.proxy import sign_in as portal_sign_in
 
 SESSION_COOKIE = "gpuportal-notebook"
 # Headers that differ between any two answers, whoever sends them.
@@ -87,14 +88,7 @@ def _launch(world: World, profile: NotebookProfile) -> tuple[Instance, Notebook]
 
 
 def sign_in(proxy: Proxy, username: str) -> requests.Session:
-    """A browser signed in to the portal, through its sign-in page."""
-    browser = browser_session()
-    login = f"{proxy.url}/login/"
-    browser.get(login, timeout=10).raise_for_status()
-    form = {"username": username, "password": PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]}
-    response = browser.post(login, data=form, timeout=10)
-    assert response.ok and "sessionid" in browser.cookies, response.text[:300]
-    return browser
+    return portal_sign_in(proxy.url, username, PASSWORD)
 
 
 def _xsrf_headers(browser: requests.Session, notebook: Notebook) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from gpuportal import (
@@ -83,7 +84,8 @@ def test_a_queued_job_and_instance_show_their_place_and_reason_in_a_notebook(por
             assert (box.state, box.queue is not None, box.queue_info.reason) == ("QUEUED", True, reason)
             lab = box.launch_notebook("lab", profile="minimal")
             assert (lab.state, lab.is_ready, lab.instance) == ("PENDING", False, box.id)
-            assert lab.url == f"{portal_client.url}/notebooks/demo/lab/"  # where it will answer once READY
+            port = urlsplit(portal_client.url).port
+            assert lab.url == f"http://lab-{lab.id}.localhost:{port}/"  # its own host, where it answers once READY
             assert "PENDING" in lab._repr_html_()
             assert lab.id in [n.id for n in portal_client.notebooks.list("demo")]
             lab.delete()

@@ -1,6 +1,7 @@
 """An instance and a notebook launched through the API on the real Slurm cluster: the instance
 is a batch job holding its GPU, the notebook a batch job running Jupyter, reached through the
-same proxy as local notebooks, with the same auth; deleting them leaves nothing in squeue."""
+same proxy as local notebooks, on its own host name, with the same sign-in; deleting them leaves
+nothing in squeue."""
 
 from __future__ import annotations
 
@@ -9,20 +10,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import requests
-from rest_framework.authtoken.models import Token
-
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_register_cluster
 from tests.conftest import SHARED_ENV_DIR
-from tests.personas import World
-from tests.proxy import Proxy
+from tests.personas import PASSWORD, World
+from tests.proxy import Proxy, browser_session, sign_in
 from tests.slurm.conftest import squeue
-
-
-def _token(user: Any) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
 
 
 def test_instance_and_notebook_run_as_slurm_jobs(
@@ -59,10 +53,14 @@ def test_instance_and_notebook_run_as_slurm_jobs(
     users = subprocess.run(["squeue", "-h", "-j", f"{holder},{server}", "-o", "%u %a"], capture_output=True, text=True)
     assert users.stdout.split("\n")[:2] == [f"gpw{tx_world.team_a.pk} team-a"] * 2  # the workspace's accounts
 
-    status = f"{proxy.url}{notebook.url}api/status"
-    assert requests.get(status, headers={"Authorization": f"Token {_token(tx_world.bob)}"}, timeout=10).ok
-    charlie = {"Authorization": f"Token {_token(tx_world.charlie)}"}
-    assert requests.get(status, headers=charlie, timeout=10).status_code == 403
+    # On its own host: a member signs in through the portal, someone of another workspace is not
+    # let in, and the server's token works for scripts.
+    status = f"{notebook.url}api/status"
+    assert sign_in(proxy.url, "bob", PASSWORD).get(status, timeout=30).status_code == 200
+    assert sign_in(proxy.url, "charlie", PASSWORD).get(status, timeout=30).status_code == 404
+    token = {"Authorization": f"token {notebook.access_token}"}
+    assert browser_session().get(status, headers=token, timeout=10).status_code == 200
+    assert browser_session().get(status, allow_redirects=False, timeout=10).status_code == 302
 
     response = client.delete(f"/api/v1/instances/{instance.pk}/")
     assert response.status_code in (200, 204), response.content

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_instance
@@ -27,7 +25,7 @@ from apps.inventory.actions import do_register_cluster
 from portal.celery import app
 from tests.conftest import SHARED_ENV_DIR
 from tests.personas import World
-from tests.proxy import Proxy
+from tests.proxy import Proxy, browser_session
 from tests.workers.conftest import ROOT, _database_url_for
 from workers.tasks import converge_notebook
 
@@ -169,9 +167,8 @@ def test_worker_killed_mid_provisioning_converges_without_orphans(
         assert _until(lambda: _slurm_jobs(owner, key) == [run["job_id"]], "only the recorded Slurm job to remain")
     routes = [prefix for prefix, route in proxy.routes().items() if route.get("portal_notebook") == notebook.pk]
     assert len(routes) == 1
-    token = Token.objects.get_or_create(user=tx_world.alice)[0].key
-    status = requests.get(f"{proxy.url}{notebook.url}api/status", headers={"Authorization": f"Token {token}"})
-    assert status.status_code == 200
+    token = {"Authorization": f"token {notebook.access_token}"}  # on the notebook's own host
+    assert browser_session().get(f"{notebook.url}api/status", headers=token, timeout=10).status_code == 200
 
     # Deleting the instance leaves nothing of either attempt.
     settings.PORTAL_WORKLOAD_TRIGGER = "inline"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import secrets
 import time
@@ -81,9 +80,9 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
         ]
 
     async def get_user(self, handler: Any) -> User | None:
-        if isinstance(handler, PortalCallbackHandler) or _is_readiness_probe(handler):
-            return None  # the callback signs the browser in; the probe only learns the server is up
         try:
+            if isinstance(handler, PortalCallbackHandler) or await self._is_readiness_probe(handler):
+                return None  # the callback signs the browser in; a probe learns the server is up
             user = self._token_user(handler) or await self._session_user(handler)
             if user is None:
                 await self._send_to_portal(handler)
@@ -92,6 +91,15 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
             _bare_answer(handler, 503, "The portal cannot be reached to check who may use this notebook. Try again.\n")
             raise web.Finish() from None
         return user
+
+    async def _is_readiness_probe(self, handler: Any) -> bool:
+        """``GET /api`` (the server's version, all it tells) by the backend's readiness check, which
+        connects by the node's address. Through the proxy a request always names the notebook's
+        own host, so it never is one."""
+        if handler.request.path != "/api" or handler.request.method not in ("GET", "HEAD"):
+            return False
+        host = handler.request.host.lower()
+        return not host.startswith((await self._portal_config())["label"] + ".")
 
     # -- the token, and the session cookie --------------------------------------------------------
 
@@ -213,19 +221,6 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
         except ValueError:
             body = {}
         return response.code, body if isinstance(body, dict) else {}
-
-
-def _is_readiness_probe(handler: Any) -> bool:
-    """``GET /api`` (the server's version) by address, not by name: the backends' readiness checks.
-    Through the proxy a request always names the notebook's host, so it never is one."""
-    if handler.request.path != "/api":
-        return False
-    host = handler.request.host.rsplit(":", 1)[0] if not handler.request.host.startswith("[") else "::1"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _bare_answer(handler: Any, status: int, body: str = "", *, location: str = "") -> None:
