@@ -2,6 +2,8 @@ import os
 
 from celery import Celery
 
+import portal.broker  # noqa: F401  (registers the embedded broker's transport, atomicfs)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")

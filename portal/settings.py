@@ -132,11 +132,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis, Celery, Channels ----------------------------------------------------------------
 REDIS_URL = env_secret("REDIS_URL")
-CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL) or "filesystem://localhost//"
-if PRODUCTION and CELERY_BROKER_URL.startswith("filesystem://"):
+# The embedded broker: kombu's filesystem transport with atomic writes (portal/broker.py).
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL) or "atomicfs://localhost//"
+_FILE_BROKER = CELERY_BROKER_URL.startswith(("atomicfs://", "filesystem://"))
+if PRODUCTION and _FILE_BROKER:
     raise ImproperlyConfigured("CELERY_BROKER_URL or REDIS_URL must be set when PORTAL_ENV=production.")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
-if CELERY_BROKER_URL.startswith("filesystem://"):
+if _FILE_BROKER:
     _broker_dir = DATA_DIR / "broker"
     for _folder in ("queue", "processed", "results", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
