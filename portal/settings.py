@@ -110,11 +110,25 @@ TEMPLATES = [
 DATABASE_URL = env_secret("DATABASE_URL")
 if PRODUCTION and not DATABASE_URL:
     raise ImproperlyConfigured("DATABASE_URL must name a PostgreSQL database when PORTAL_ENV=production.")
+# PostgreSQL connections come from a pool in each process (psycopg's, DATABASE_POOL_MAX each):
+# Daphne runs each request's database work on a thread of its own, and connections kept per
+# thread (CONN_MAX_AGE) piled up under a burst until PostgreSQL refused new clients.
+DATABASE_POOL_MAX = env_int("DATABASE_POOL_MAX", 10, minimum=0, maximum=1000)
+DATABASE_POOL_TIMEOUT_S = env_int("DATABASE_POOL_TIMEOUT_S", 10, minimum=1, maximum=600)
 if DATABASE_URL:
     try:
-        _database = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60))
+        _database = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL cannot be parsed: {exc}") from None
+    if _database["ENGINE"] == "django.db.backends.postgresql" and DATABASE_POOL_MAX:
+        if _database["CONN_MAX_AGE"]:
+            message = "DATABASE_CONN_MAX_AGE needs DATABASE_POOL_MAX=0: the pool reuses connections itself."
+            raise ImproperlyConfigured(message)
+        _database.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(2, DATABASE_POOL_MAX),
+            "max_size": DATABASE_POOL_MAX,
+            "timeout": DATABASE_POOL_TIMEOUT_S,
+        }
 else:
     _database = {
         "ENGINE": "django.db.backends.sqlite3",
