@@ -48,7 +48,7 @@ T = TypeVar("T")
 
 @dataclass
 class Portal:
-    url: str  # the proxy: where browsers go, notebooks included
+    url: str  # the proxy: where browsers go, notebooks included (each on its own *.localhost name)
     data_dir: Path
 
 
@@ -124,6 +124,8 @@ def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterato
     python = sys.executable
     with running_proxy(f"http://127.0.0.1:{web_port}", log_dir / "proxy.log") as proxy:
         env = {**env, "PORTAL_PROXY_API_URL": proxy.api_url, "PORTAL_PROXY_AUTH_TOKEN": proxy.token}
+        # Browsers reach the portal at the proxy, and each notebook at <name>-<id>.localhost on its port.
+        env = {**env, "PORTAL_PUBLIC_URL": proxy.url, "PORTAL_NOTEBOOK_DOMAIN": "localhost"}
         commands = {
             "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "portal.asgi:application"],
             "worker": [
