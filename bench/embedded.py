@@ -35,6 +35,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -166,7 +167,11 @@ def _notebooks(api: requests.Session, url: str, runs: int) -> dict[str, list[flo
         if row["state"] == "FAILED":
             raise SystemExit(f"notebook failed: {row['failure_reason']}")
         became_ready = time.perf_counter() - began
-        while api.get(f"{url}{row['url']}api/status").status_code != 200:
+        # The notebook's own host (<name>-<id>.localhost, which this client does not resolve: it
+        # connects to the proxy by address and names the host), with the server's token.
+        host, path = urlsplit(row["url"]).netloc, urlsplit(row["url"]).path
+        nb = {"Host": host, "Authorization": f"token {row['access_token']}"}
+        while requests.get(f"{url}{path}api/status", headers=nb, allow_redirects=False).status_code != 200:
             time.sleep(POLL_S)
         if n:
             ready.append(became_ready)
