@@ -3,7 +3,10 @@ from one command.
 
 Run by deploy/run.sh after it has set up the virtualenv and the Node packages. It migrates,
 seeds the demo, starts the four processes, prints the URL and the logins, and on Ctrl-C (or
-SIGTERM) stops them all, leaving no stray processes. The proxy (configurable-http-proxy) listens
+SIGTERM) stops them all, leaving no stray processes. It supervises them: a process that dies is
+started again after a delay that doubles while it keeps dying (1 s up to 30 s), and every child
+dies with the supervisor, however the supervisor dies. A lock on the data directory keeps a
+second portal from starting beside a live one. The proxy (configurable-http-proxy) listens
 on the public port and routes by host: everything goes to the web process, except each
 notebook's own host name (``<name>-<id>.localhost`` unless PORTAL_NOTEBOOK_DOMAIN says
 otherwise), which it sends to that notebook's server.
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import fcntl
 import os
 import secrets
 import signal
@@ -26,28 +31,98 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+RESTART_BACKOFF_S = (1.0, 30.0)  # the first delay before restarting a crashed child, and the longest
+HEALTHY_AFTER_S = 60.0  # a child that ran this long starts over from the first delay when it crashes
+_PR_SET_PDEATHSIG = 1
+
+
 def _manage(*args: str) -> None:
     subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], check=True, cwd=BASE_DIR)
 
 
-def _start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child's lifetime
-    # Each child leads its own process group, so stopping it also stops whatever it forked.
-    return subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def _die_with_supervisor() -> None:
+    """In a child, before it runs: SIGTERM when the supervisor dies, even of SIGKILL, so that no
+    web, worker, scheduler or proxy outlives it. (Workloads are the worker's children and lead
+    their own sessions: they outlive a crash and are reattached.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() == 1:  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _stop(children: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
-    for child in children.values():
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
+class Child:
+    """One process of the portal, restarted with a growing delay whenever it exits on its own."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.argv, self.env, self.log_path = name, argv, env, log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.delay_s = RESTART_BACKOFF_S[0]
+        self.restart_at: float | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            # Each child leads its own process group, so stopping it also stops whatever it forked.
+            self.process = subprocess.Popen(
+                self.argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_supervisor,
+            )  # fmt: skip
+        self.started_at, self.restart_at = time.monotonic(), None
+
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def heal(self) -> None:
+        """Restart the child once its delay has passed; the delay doubles while it keeps crashing."""
+        now = time.monotonic()
+        if self.restart_at is None:
+            if now - self.started_at >= HEALTHY_AFTER_S:
+                self.delay_s = RESTART_BACKOFF_S[0]
+            assert self.process is not None
+            print(
+                f"{self.name} exited with status {self.process.returncode}; restarting it in {self.delay_s:g} s. "
+                f"See {self.log_path}",
+                flush=True,
+            )
+            self.restart_at = now + self.delay_s
+            self.delay_s = min(self.delay_s * 2, RESTART_BACKOFF_S[1])
+        elif now >= self.restart_at:
+            self.start()
+
+
+def _stop(children: dict[str, Child], grace_s: float = 10.0) -> None:
+    processes = [child.process for child in children.values() if child.process is not None]
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for child in children.values():
+    for process in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-    for child in children.values():
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for process in processes:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)  # the group may outlive its leader
-        child.wait()
+            os.killpg(process.pid, signal.SIGKILL)  # the group may outlive its leader
+        process.wait()
+
+
+def lock_data_dir(data_dir: Path) -> int | None:
+    """Hold the data directory's lock for as long as this process lives (the kernel drops it when
+    the process dies, however it dies); None, having said why, if another portal holds it."""
+    fd = os.open(data_dir / "portal.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        print(
+            f"Another GPU Portal (pid {holder}) is running on {data_dir}: stop it first (Ctrl-C where it "
+            "runs), or give this one another PORTAL_DATA_DIR.",
+            flush=True,
+        )
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def _free_port() -> int:
@@ -56,10 +131,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_http(url: str, children: dict[str, subprocess.Popen[bytes]], timeout_s: float = 60.0) -> bool:
+def _wait_for_http(url: str, children: dict[str, Child], timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(child.poll() is not None for child in children.values()):
+        if any(child.exited() for child in children.values()):
             return False
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
@@ -120,6 +195,8 @@ def main() -> int:
     data_dir = Path(os.environ.get("PORTAL_DATA_DIR", BASE_DIR / "var")).resolve()
     os.umask(0o077)  # what the portal's processes write (database, logs, broker) is theirs alone
     secure_data_dir(data_dir)
+    if lock_data_dir(data_dir) is None:
+        return 1
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     problem = sandbox_problem()
@@ -148,15 +225,17 @@ def main() -> int:
         *("--default-target", f"http://127.0.0.1:{web_port}", "--host-routing", "--log-level", "warn"),
     ]
     children = {
-        "web": _start(
+        "web": Child(
             "web", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "portal.asgi:application"], log_dir
         ),
-        "proxy": _start("proxy", proxy, log_dir, env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": proxy_token}),
-        "worker": _start(
+        "proxy": Child("proxy", proxy, log_dir, env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": proxy_token}),
+        "worker": Child(
             "worker", [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"], log_dir
         ),
-        "scheduler": _start("scheduler", [python, str(BASE_DIR / "manage.py"), "run_scheduler"], log_dir),
+        "scheduler": Child("scheduler", [python, str(BASE_DIR / "manage.py"), "run_scheduler"], log_dir),
     }
+    for child in children.values():
+        child.start()
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:
@@ -168,18 +247,18 @@ def main() -> int:
     try:
         url = os.environ["PORTAL_PUBLIC_URL"]
         if not _wait_for_http(f"{public_url(args.host, args.port)}/healthz", children):
-            failed = [name for name, child in children.items() if child.poll() is not None]
+            failed = [name for name, child in children.items() if child.exited()]
             print(f"The portal did not start ({', '.join(failed) or 'web timed out'}); see {log_dir}.", flush=True)
             return 1
         print(f"\nGPU Portal is running at {url}", flush=True)
         print(f"API docs: {url}/api/docs/   Logs: {log_dir}   Stop: Ctrl-C\n", flush=True)
+        # A child that dies is started again (running workloads are left alone and reattached);
+        # the proxy's routes come back with the scheduler loop's next reconcile.
         while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    log = log_dir / f"{name}.log"
-                    print(f"{name} exited with status {child.returncode}; stopping. See {log}", flush=True)
-                    return 1
-            time.sleep(0.5)
+            for child in children.values():
+                if child.exited():
+                    child.heal()
+            time.sleep(0.2)
         print("Stopping...", flush=True)
         return 0
     finally:
