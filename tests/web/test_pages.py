@@ -176,7 +176,7 @@ def test_a_notebook_is_created_on_an_instance_and_listed_as_deploying(world: Wor
     listed = alice.get("/w/team-a/notebooks/").content.decode()
     assert 'data-notebook="nb"' in listed and "deploying" in listed
     detail = alice.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
-    assert notebook.access_token in detail and "http://testserver/notebooks/team-a/nb/" in detail
+    assert notebook.access_token in detail and f"http://nb-{notebook.pk}.localhost:8000/" in detail  # its own host
     assert (
         notebook.access_token not in signed_in(world.victor).get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
     )
