@@ -276,9 +276,11 @@ STORAGES = {
 
 # --- REST API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
+    # Token first: a request without credentials gets 401 with `WWW-Authenticate: Token`, as
+    # HTTP asks, rather than the 403 the session class would give. Both are tried either way.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "apps.api.pagination.Pagination",
