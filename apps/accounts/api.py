@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import authenticate, get_user_model, password_validation
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, update_last_login
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.authtoken.models import Token
@@ -140,5 +140,6 @@ class TokenView(APIView):
         if user is None:
             raise AuthenticationFailed("Wrong username or password.")
         ensure_private_workspace(user)
+        update_last_login(None, user)  # an account used only through the API has been used too
         token, _ = Token.objects.get_or_create(user=user)
         return Response({"token": token.key})

@@ -171,6 +171,9 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         Allocation.objects.filter(job=job).delete()
         job.state = Job.State.CANCELLED
         job.finished_at = timezone.now()
+        job.attempt_set.filter(finished_at__isnull=True).update(
+            finished_at=job.finished_at, outcome="cancelled", reason="cancelled on request"
+        )
         job.wait_reason = ""
         job.workspace_queue_position = job.cluster_queue_position = None
         job.estimated_start_at = None

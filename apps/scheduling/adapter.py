@@ -217,6 +217,11 @@ def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], i
         cluster_id = row.requested_cluster_id
     if cluster_id is None:
         cluster_id = Cluster.objects.filter(is_default=True).values_list("pk", flat=True).first()
+    disabled = Cluster.objects.filter(pk=cluster_id, enabled=False).values_list("name", flat=True).first()
+    if disabled is not None:  # work without GPUs is placed on no node: its cluster may be off
+        reason = f"Cluster {disabled} is disabled: waiting until an admin enables it."
+        model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(wait_reason=reason)
+        return False
     claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(
         state=new_state,
         admitted_at=now,
