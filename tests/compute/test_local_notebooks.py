@@ -196,8 +196,13 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
     token = {"Authorization": f"token {notebook.access_token}"}
     assert browser_session().get(f"{notebook.url}api/status", headers=token, timeout=10).status_code == 200
     assert run_cell(browser_session(), notebook, "6*7", token) == "42"
-    by_url = browser_session().get(f"{notebook.url}api/status", params={"token": notebook.access_token}, timeout=10)
+    with_token = browser_session()
+    by_url = with_token.get(f"{notebook.url}api/status", params={"token": notebook.access_token}, timeout=10)
     assert by_url.status_code == 200 and not by_url.history
+    # ...and a browser that came with it in the URL stays signed in, as with Jupyter.
+    assert with_token.get(f"{notebook.url}api/contents", allow_redirects=False, timeout=10).status_code == 200
+    wrong = browser_session().get(f"{notebook.url}api/status", params={"token": "nope"}, allow_redirects=False)
+    assert wrong.status_code == 302
 
     # The old path on the portal's own host serves nothing of the notebook.
     old = browser_session().get(f"{proxy.url}/notebooks/team-a/lab/api/status", headers=token, timeout=10)

@@ -43,7 +43,11 @@ CALLBACK_PATH = "/portal-auth/callback"
 CALLBACK_REFUSED = "This sign-in link is invalid or has expired. Open the notebook again from the portal.\n"
 ANSWER_HEADERS = {"Cache-Control": "no-store", "Server": "gpuportal", "X-Content-Type-Options": "nosniff"}
 SESSION_DAYS = 7.0
-TOKEN_USER = User(username="notebook-token", name="Notebook token", display_name="Notebook token")
+
+
+def _notebook_token_user() -> User:
+    """Who comes with the server's token: not a portal user (Jupyter's anonymous user, named)."""
+    return User(username="notebook-token", name="Notebook token", display_name="Notebook token")
 
 
 class PortalUnavailable(Exception):
@@ -83,7 +87,7 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
         try:
             if isinstance(handler, PortalCallbackHandler) or await self._is_readiness_probe(handler):
                 return None  # the callback signs the browser in; a probe learns the server is up
-            user = self._token_user(handler) or await self._session_user(handler)
+            user = await self._token_user(handler) or await self._session_user(handler)
             if user is None:
                 await self._send_to_portal(handler)
         except PortalUnavailable:
@@ -103,14 +107,15 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
 
     # -- the token, and the session cookie --------------------------------------------------------
 
-    def _token_user(self, handler: Any) -> User | None:
+    async def _token_user(self, handler: Any) -> User | None:
         presented = self.get_token(handler) or ""
         if not self.token or not hmac.compare_digest(presented.encode(), self.token.encode()):
             return None
         handler._token_authenticated = True  # a script or an IDE: no XSRF cookie to check, as in Jupyter
         if handler.get_argument("token", ""):  # a browser: keep it signed in, as Jupyter does
+            await self._portal_config()  # the cookie's name and flags follow the portal's scheme
             self._set_session(handler, {"k": "token", "t": self._token_fingerprint()})
-        return TOKEN_USER
+        return _notebook_token_user()
 
     def _token_fingerprint(self) -> str:
         return hashlib.sha256(self.token.encode()).hexdigest()[:32]
@@ -142,7 +147,7 @@ class PortalIdentityProvider(IdentityProvider):  # type: ignore[misc]
         except ValueError:
             return None
         if payload.get("k") == "token" and hmac.compare_digest(str(payload.get("t")), self._token_fingerprint()):
-            return TOKEN_USER
+            return _notebook_token_user()
         username = payload.get("u") if payload.get("k") == "user" else None
         if not isinstance(username, str) or not username:
             return None
@@ -257,7 +262,12 @@ class PortalCallbackHandler(JupyterHandler):  # type: ignore[misc]
     async def get(self) -> None:
         provider = self.identity_provider
         code = self.get_argument("code", "")
-        username = await provider.redeem(code) if 0 < len(code) <= 200 else None
+        try:
+            username = await provider.redeem(code) if 0 < len(code) <= 200 else None
+        except PortalUnavailable:
+            self.log.warning("The portal cannot be reached to redeem a sign-in code", exc_info=True)
+            _bare_answer(self, 503, "The portal cannot be reached to sign you in. Try again.\n")
+            return
         if username is None:
             _bare_answer(self, 403, CALLBACK_REFUSED)
             return
