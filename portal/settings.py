@@ -339,8 +339,8 @@ PORTAL_WORKSPACE_UID_MIN = env_int("PORTAL_WORKSPACE_UID_MIN", 200000, minimum=1
 PORTAL_WORKSPACE_UID_MAX = env_int("PORTAL_WORKSPACE_UID_MAX", 299999, minimum=1001, maximum=2**31 - 1)
 if PORTAL_WORKSPACE_UID_MAX <= PORTAL_WORKSPACE_UID_MIN:
     raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_MAX must be greater than PORTAL_WORKSPACE_UID_MIN.")
-# Notebooks (docs/notebooks.md). The proxy in front of the portal that routes
-# /notebooks/<workspace>/<notebook>/ to each server: its REST API and that API's token.
+# Notebooks (docs/notebooks.md). The proxy in front of the portal that routes each notebook's
+# own host name to its server (--host-routing): its REST API and that API's token.
 PORTAL_PROXY_API_URL = env_str("PORTAL_PROXY_API_URL", "")
 PORTAL_PROXY_AUTH_TOKEN = env_secret("PORTAL_PROXY_AUTH_TOKEN")
 # How notebook servers reach the portal itself (to check who may use them), bypassing the proxy.
