@@ -11,7 +11,7 @@ from apps.workspaces.access import workspace_ids
 
 class AuditEventSerializer(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor_name", read_only=True)
-    workspace = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    workspace = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = AuditEvent

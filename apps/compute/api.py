@@ -76,7 +76,7 @@ class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     profile = VisibleProfileField(ComputeProfile)
     size = serializers.CharField(source="profile.size_label", read_only=True)
     cluster = TargetClusterField(required=False, allow_null=True)
-    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     running_for_s = serializers.SerializerMethodField()
 
     class Meta:

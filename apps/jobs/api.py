@@ -47,12 +47,15 @@ class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     name = NameField()
     env = EnvField(required=False)
     artifact_paths = RelativePathListField(required=False)
-    gpu_type = serializers.RegexField(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$", max_length=32, required=False)
+    # Empty for a job without GPUs.
+    gpu_type = serializers.RegexField(
+        r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$", max_length=32, required=False, allow_blank=True
+    )
     gpus_per_replica = serializers.DecimalField(
         max_digits=6, decimal_places=2, min_value=Decimal("0"), max_value=Decimal("1024"), required=False
     )
     cluster = TargetClusterField(required=False, allow_null=True)
-    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     attempt_history = JobAttemptSerializer(source="attempt_set", many=True, read_only=True)
     artifacts = ArtifactSerializer(many=True, read_only=True)
 
@@ -127,7 +130,8 @@ class JobViewSet(TenantViewSet):
         opened = artifact_file(job, path)
         if opened is None:
             raise NotFound("This job has no such artifact.")
-        return FileResponse(opened, as_attachment=True, filename=PurePosixPath(path).name)
+        name = PurePosixPath(path).name
+        return FileResponse(opened, as_attachment=True, filename=name, content_type="application/octet-stream")
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])

@@ -77,6 +77,7 @@ def test_it_runs_a_gang_on_its_gpus_and_keeps_logs_and_artifacts(world: World, r
     artifacts = {a["path"]: a for a in client.get(f"/api/v1/jobs/{job.pk}/").json()["artifacts"]}
     assert artifacts["out/result-1.txt"]["sha256"] == hashlib.sha256(b"hello-1\n").hexdigest()
     download = client.get(f"/api/v1/jobs/{job.pk}/artifact/", {"path": "out/result-1.txt"})
+    assert download["Content-Type"] == "application/octet-stream"  # as the schema says, whatever the file
     assert download.status_code == 200 and b"".join(download.streaming_content) == b"hello-1\n"
     assert client.get(f"/api/v1/jobs/{job.pk}/artifact/", {"path": "../../etc/passwd"}).status_code == 404
     assert not job.allocations.exists()
