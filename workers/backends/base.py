@@ -94,9 +94,10 @@ class InstanceSpec:
 
 @dataclass
 class NotebookSpec:
-    """A Jupyter server on an instance, served by the portal's proxy under ``base_url``.
+    """A Jupyter server on an instance, served by the portal's proxy on a host name of its own.
 
-    ``base_url`` is ``/notebooks/<workspace>/<notebook>/``; ``token`` is the server's secret.
+    ``base_url`` is ``/`` (the root of the notebook's own host; the proxy routes the host to the
+    server); ``token`` is the server's secret.
     ``python_packages`` (pip requirements) build its environment where the backend runs
     processes (local, Slurm); ``image`` is its container image on Kubernetes. ``devices`` are
     its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say).
