@@ -44,12 +44,16 @@ POLL_S = 0.02
 
 
 class Portal:
-    def __init__(self, data_dir: Path, env_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env_dir: Path, work_dir: Path) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = int(sock.getsockname()[1])
         self.env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"}}
         self.env.update(PORTAL_DATA_DIR=str(data_dir), PORTAL_PORT=str(self.port), PORTAL_NOTEBOOK_ENV_DIR=str(env_dir))
+        # Slurm runs a workspace's jobs as its account: the work directory must be reachable by it,
+        # so it lives outside the (private) data directory, as on a cluster's shared storage.
+        work_dir.chmod(0o711)
+        self.env["PORTAL_WORK_DIR"] = str(work_dir)
         self.process = subprocess.Popen(
             ["bash", "deploy/run.sh"],
             cwd=ROOT,
@@ -190,8 +194,8 @@ def main() -> int:
     args = parser.parse_args()
     env_dir = Path(os.environ.get("PORTAL_NOTEBOOK_ENV_DIR", Path.home() / ".cache" / "gpuportal" / "bench-envs"))
     results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as data_dir:
-        portal = Portal(Path(data_dir), env_dir)
+    with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as work_dir:
+        portal = Portal(Path(data_dir), env_dir, Path(work_dir))
         try:
             api = portal.start()
             for name, seconds in _jobs(api, portal.url, args.runs).items():
