@@ -15,3 +15,5 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("", include("apps.web.urls")),
 ]
+
+handler404 = views.not_found

@@ -1,5 +1,6 @@
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -10,3 +11,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
     except Exception:
         return JsonResponse({"status": "error", "database": "unreachable"}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """404 in the API's error shape under /api/ (a path no route matches, such as an id that is not
+    a number), else Django's page."""
+    if request.path.startswith("/api/"):
+        body = {"error": {"status": 404, "code": "not_found", "message": "No such resource."}}
+        return JsonResponse(body, status=404)
+    return defaults.page_not_found(request, exception or Exception())
