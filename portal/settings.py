@@ -124,6 +124,7 @@ if DATABASE_URL:
         if _database["CONN_MAX_AGE"]:
             message = "DATABASE_CONN_MAX_AGE needs DATABASE_POOL_MAX=0: the pool reuses connections itself."
             raise ImproperlyConfigured(message)
+        _database["CONN_HEALTH_CHECKS"] = True  # a pooled connection the server dropped is replaced, not used
         _database.setdefault("OPTIONS", {})["pool"] = {
             "min_size": min(2, DATABASE_POOL_MAX),
             "max_size": DATABASE_POOL_MAX,

@@ -1,6 +1,7 @@
 """Under a burst of concurrent requests to Daphne on PostgreSQL, the web process answers every one
 and holds no more database connections than its pool allows (persistent per-thread connections
-once piled up until PostgreSQL refused new clients)."""
+once piled up until PostgreSQL refused new clients); when PostgreSQL drops them all, the next
+requests are answered on fresh ones."""
 
 from __future__ import annotations
 
@@ -76,6 +77,15 @@ def test_a_burst_of_500_requests_gets_500_answers_from_a_bounded_pool(tx_world: 
             statuses = list(pool.map(fetch, range(REQUESTS)))
         done.set()
         watcher.join()
+        # PostgreSQL drops every connection of the web process (a restart, a failover): the pool
+        # replaces them, and no request sees a dead one.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                [database],
+            )
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            after_drop = list(pool.map(fetch, range(100)))
     finally:
         web.terminate()
         web.wait(timeout=30)
@@ -85,3 +95,4 @@ def test_a_burst_of_500_requests_gets_500_answers_from_a_bounded_pool(tx_world: 
 
     assert [s for s in statuses if s != 200] == []
     assert max(peak) - before <= POOL_MAX
+    assert [s for s in after_drop if s != 200] == []
