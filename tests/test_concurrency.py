@@ -31,3 +31,32 @@ def test_it_accepts_exactly_max_instances_of_20_parallel_launches(tx_world: Worl
         assert error["code"] == "limit_exceeded"
         assert "already has 3 instances, its limit" in error["message"]
     assert Instance.objects.filter(workspace=tx_world.team_a).count() == 3
+
+
+def test_1000_concurrent_submissions_are_each_recorded_once_and_admitted_within_quota(
+    tx_world: World, live_server, settings
+) -> None:
+    from decimal import Decimal
+
+    from apps.inventory.models import Allocation
+    from apps.jobs.models import Job
+    from apps.scheduling.adapter import run_cycle
+
+    settings.PORTAL_SCHEDULER_TRIGGER = "off"  # one cycle after the burst, not one per request
+    headers = {"Authorization": f"Token {Token.objects.create(user=tx_world.alice).key}"}
+
+    def submit(n: int) -> requests.Response:
+        body = {"workspace": "team-a", "name": f"burst-{n}", "command": "true", "gpu_type": "h100",
+                "gpus_per_replica": "1"}  # fmt: skip
+        return requests.post(f"{live_server.url}/api/v1/jobs/", json=body, headers=headers, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        responses = list(pool.map(submit, range(1000)))
+    run_cycle()
+
+    assert [r.status_code for r in responses if r.status_code != 201] == []
+    names = list(Job.objects.filter(workspace=tx_world.team_a).values_list("name", flat=True))
+    assert len(names) == 1000 and len(set(names)) == 1000
+    held = sum(Allocation.objects.filter(job__workspace=tx_world.team_a).values_list("fraction", flat=True), Decimal(0))
+    admitted = Job.objects.filter(workspace=tx_world.team_a, state=Job.State.ADMITTED).count()
+    assert held == admitted == 4  # team-a's quota: 4 h100; the rest wait their turn
