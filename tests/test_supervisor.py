@@ -1,6 +1,7 @@
-"""The embedded portal heals: a crashed process is started again while running work goes on, a
-second portal will not start beside a live one, and a killed supervisor takes its processes
-with it, its running job then found again by the next start."""
+"""The embedded portal heals: a crashed process (worker, scheduler loop, web) is started again
+while running work goes on, nothing lost or run twice; a second portal will not start beside a
+live one; and a killed supervisor takes its processes with it, its running job then found again
+by the next start."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ def _pids_of(marker: str) -> set[int]:
     return found
 
 
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def _until(check: object, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():  # type: ignore[operator]
@@ -77,6 +85,21 @@ def test_the_embedded_portal_heals_refuses_a_twin_and_dies_whole(tmp_path: Path)
         _until(lambda: _portal_process(data_dir, "celery -A portal worker") not in (None, worker), "a new worker")
         assert any("worker exited with status" in line and "restarting" in line for line in portal.output)
         assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
+        job = requests.get(job_url, headers=headers, timeout=10).json()
+        assert (job["state"], job["attempts"]) == ("RUNNING", 1)
+        assert _pids_of(marker) == running
+
+        # The scheduler loop and the web process die too: both come back; nothing is lost or re-run.
+        for part in ("run_scheduler", "daphne"):
+            pid = _portal_process(data_dir, part)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            _until(lambda part=part, pid=pid: _portal_process(data_dir, part) not in (None, pid), f"a new {part}")
+        _until(lambda: _answers(f"{url}/healthz"), "the portal to answer again")
+        body = {"workspace": "admin", "name": "after", "command": "echo after the crashes"}
+        after = requests.post(f"{url}/api/v1/jobs/", json=body, headers=headers, timeout=10).json()
+        after_url = f"{url}/api/v1/jobs/{after['id']}/"
+        _until(lambda: requests.get(after_url, headers=headers, timeout=10).json()["state"] == "SUCCEEDED", "a job")
         job = requests.get(job_url, headers=headers, timeout=10).json()
         assert (job["state"], job["attempts"]) == ("RUNNING", 1)
         assert _pids_of(marker) == running
