@@ -209,3 +209,18 @@ def test_the_deployment_check_names_an_unsandboxed_portal(settings: Any) -> None
     assert check_sandbox() == []
     settings.PORTAL_SANDBOX = "off"
     assert [message.id for message in check_sandbox()] == ["gpuportal.W001"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="about a portal that runs as root")
+def test_a_sandbox_without_an_account_to_drop_to_keeps_no_root_powers(
+    tmp_path: Path, started: list[LocalBackend]
+) -> None:
+    backend = LocalBackend()
+    started.append(backend)
+    command = "grep CapEff /proc/self/status; mount -t tmpfs none /tmp && echo mounted"
+    backend.start(JobSpec(key="job-1", workspace="ws", name="x", command=command, work_dir=str(tmp_path)))
+
+    log = finished(backend)
+
+    assert "CapEff:\t0000000000000000" in log
+    assert "mounted" not in log

@@ -106,6 +106,8 @@ class Sandbox:
             args += ["--ro-bind", path, path]
         for path in writable:
             args += ["--bind", path, path]
+        if os.geteuid() == 0 and self.run_as is None:
+            args += ["--cap-drop", "ALL"]  # no account to drop to: at least no root powers inside
         args += ["--chdir", self.cwd, "--"]
         if self.run_as is not None and os.geteuid() == 0:
             args += [
