@@ -63,9 +63,12 @@ def test_a_burst_of_500_requests_gets_500_answers_from_a_bounded_pool(tx_world: 
         peak, done = [before], threading.Event()
 
         def watch() -> None:
-            while not done.is_set():
-                peak.append(_connections(database))
-                time.sleep(0.05)
+            try:
+                while not done.is_set():
+                    peak.append(_connections(database))
+                    time.sleep(0.05)
+            finally:
+                connection.close()  # this thread's own connection
 
         def fetch(n: int) -> int:
             path = "/api/v1/jobs/" if n % 2 else f"/api/v1/workspaces/{tx_world.team_a.name}/"

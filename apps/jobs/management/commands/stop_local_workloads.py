@@ -1,9 +1,11 @@
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from apps.compute.running import stop_local_compute
 from apps.jobs.running import stop_local_jobs
+from workers.backends import local
 
 
 class Command(BaseCommand):
@@ -15,4 +17,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         jobs = stop_local_jobs()
         compute = stop_local_compute()
-        self.stdout.write(f"requeued {jobs} running job(s); stopped {compute} instance and notebook process group(s)")
+        # A start the worker had under way when it was stopped left processes no row records yet:
+        # with every process of the portal stopped, nothing of this portal's may run on.
+        strays = local.sweep_orphans(str(settings.PORTAL_WORK_DIR), keep_pids=set(), keep_keys=set())
+        self.stdout.write(
+            f"requeued {jobs} running job(s); stopped {compute} instance and notebook process group(s)"
+            + (f" and {len(strays)} unrecorded one(s)" if strays else "")
+        )
