@@ -39,8 +39,10 @@ WRITES = {"409": "Conflict with the object's state or a hard limit.", "413": "Th
 
 
 def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """drf-spectacular postprocessing hook: the error shape as a component, and on every operation."""
+    """drf-spectacular postprocessing hook: the error shape as a component, and on every operation;
+    no pattern that means one thing to the server and another to a client (below)."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    _drop_unicode_word_patterns(result)
     reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for path in result.get("paths", {}).values():
         for method, operation in path.items():
@@ -50,3 +52,17 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
             for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": reference})
     return result
+
+
+def _drop_unicode_word_patterns(node: Any) -> None:
+    """Remove patterns with ``\\w``: Python's (the server's) matches any letter, an OpenAPI (ECMA-262)
+    pattern's only ASCII ones, so a name such as "Équipe" would break its own schema. The server
+    still validates; the field's description says what it takes."""
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str) and "\\w" in node["pattern"]:
+            del node["pattern"]
+        for value in node.values():
+            _drop_unicode_word_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            _drop_unicode_word_patterns(item)

@@ -54,3 +54,10 @@ def test_a_job_without_gpus_and_an_audit_event_of_no_workspace_match_the_schema(
     assert any(event["workspace"] is None for event in events)
     for event in events:
         conforms(components, "AuditEvent", event)
+
+
+def test_a_name_with_a_letter_beyond_ascii_matches_the_schema(world: World, components: dict[str, Any]) -> None:
+    response = world.client(world.admin).post("/api/v1/groups/", {"name": "Équipe"}, format="json")
+
+    assert response.status_code == 201, response.content
+    conforms(components, "Group", response.json())
