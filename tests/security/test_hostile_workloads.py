@@ -209,8 +209,17 @@ def test_each_workspace_runs_as_its_own_account_in_a_directory_only_it_can_open(
     assert victim_uids == {django_settings.PORTAL_WORKSPACE_UID_MIN + scene.world.team_b.pk} != {int(uid)}
 
 
-def sandboxed(wrapper_pid: int) -> list[int]:
-    """The processes of a workload's group that run its command: not the wrapper, not bubblewrap."""
+def sandboxed(wrapper_pid: int, timeout_s: float = 15.0) -> list[int]:
+    """The processes of a workload's group that run its command: not the wrapper, not bubblewrap
+    (waiting for them: a start returns once the wrapper runs, maybe before bubblewrap's child)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := _sandboxed_now(wrapper_pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert found, f"no sandboxed process in the group of {wrapper_pid}"
+    return found
+
+
+def _sandboxed_now(wrapper_pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == wrapper_pid:
@@ -220,9 +229,8 @@ def sandboxed(wrapper_pid: int) -> list[int]:
             exe = os.readlink(f"/proc/{entry}/exe")
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2 :].split()[2]) == wrapper_pid and not exe.endswith("/bwrap"):
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) == wrapper_pid and not exe.endswith(("/bwrap", "/setpriv")):
             found.append(int(entry))
-    assert found, f"no sandboxed process in the group of {wrapper_pid}"
     return found
 
 
