@@ -74,6 +74,15 @@ class EmbeddedPortal:
         assert self.ready.wait(timeout_s), "".join(self.output)
         return f"http://127.0.0.1:{self.port}"
 
+    def admin_headers(self, url: str) -> dict[str, str]:
+        """The API's headers for the admin whose password the start printed."""
+        password = re.search(r"Login: admin / (\S+)", "".join(self.output))
+        assert password, "".join(self.output)
+        answer = requests.post(
+            f"{url}/api/v1/auth/token/", json={"username": "admin", "password": password.group(1)}, timeout=10
+        )
+        return {"Authorization": f"Token {answer.json()['token']}"}
+
     def stop(self) -> int:
         self.process.send_signal(signal.SIGINT)  # what Ctrl-C sends
         return self.process.wait(timeout=60)

@@ -4,7 +4,6 @@ of the portal dies."""
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,12 +19,7 @@ def test_a_burst_of_500_requests_gets_500_answers_and_crashes_nothing(tmp_path: 
     portal = EmbeddedPortal(tmp_path / "portal-data")
     try:
         url = portal.wait_ready()
-        password = re.search(r"Login: admin / (\S+)", "".join(portal.output))
-        assert password, "".join(portal.output)
-        token = requests.post(
-            f"{url}/api/v1/auth/token/", json={"username": "admin", "password": password.group(1)}, timeout=10
-        ).json()["token"]
-        headers = {"Authorization": f"Token {token}"}
+        headers = portal.admin_headers(url)
 
         def request(n: int) -> int:
             if n % 2:

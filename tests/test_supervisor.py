@@ -6,7 +6,6 @@ by the next start."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 import uuid
@@ -65,12 +64,7 @@ def test_the_embedded_portal_heals_refuses_a_twin_and_dies_whole(tmp_path: Path)
     marker = f"portal-test-{uuid.uuid4().hex[:8]}"
     try:
         url = portal.wait_ready()
-        password = re.search(r"Login: admin / (\S+)", "".join(portal.output))
-        assert password, "".join(portal.output)
-        token = requests.post(
-            f"{url}/api/v1/auth/token/", json={"username": "admin", "password": password.group(1)}, timeout=10
-        ).json()["token"]
-        headers = {"Authorization": f"Token {token}"}
+        headers = portal.admin_headers(url)
         body = {"workspace": "admin", "name": "long", "command": f"sleep 300 # {marker}"}
         job = requests.post(f"{url}/api/v1/jobs/", json=body, headers=headers, timeout=10).json()
         job_url = f"{url}/api/v1/jobs/{job['id']}/"
