@@ -1,15 +1,16 @@
-"""Load on the production stack: PostgreSQL, Redis, Daphne, a Celery worker and the scheduler loop.
+"""Load on the production stack: PostgreSQL, Redis, the web process (gunicorn and its uvicorn
+workers), a Celery worker and the scheduler loop.
 
-    .venv/bin/python bench/load.py [--users 50] [--seconds 60] [--json bench/out/load.json]
+    .venv/bin/python bench/load.py [--users 50] [--seconds 60] [--web-workers 2] [--json bench/out/load.json]
 
 Makes a database of its own (``gpuportal_load`` on the PostgreSQL of DATABASE_URL, else
-127.0.0.1), starts the three processes with Redis (REDIS_URL, else 127.0.0.1:6379/14) as broker
+127.0.0.1), starts the three processes with Redis (LOAD_REDIS_URL, else 127.0.0.1:6379/14) as broker
 and channel layer, signs in ``--users`` users of one workspace (4 h100 of quota: a few jobs run,
 the rest queue, so the scheduler works on a growing queue), and runs locust headless
 (bench/locustfile.py: submit, list, detail, log). locust runs from its own virtualenv,
 ``.venv-load``, made here from bench/requirements-load.txt. Prints and writes p50, p95 and p99
-latency, throughput and failures per request and in all; then stops everything and drops the
-database.
+latency, throughput and failures per request and in all, and the share of a core each process
+(web, worker, scheduler, PostgreSQL, locust) used; then stops everything and drops the database.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -77,6 +79,42 @@ def _ensure_locust() -> Path:
     return locust
 
 
+def _cpu_seconds() -> dict[int, tuple[int, str, float]]:
+    """Every process: pid -> (parent pid, command line, CPU seconds used so far)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), cmdline, (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def _cpu_by_part(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each process tree in `roots`, and by the database's backends."""
+    table = _cpu_seconds()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    out = {}
+    for name, root in roots.items():
+        pids, total = [root], 0.0
+        while pids:
+            pid = pids.pop()
+            total += table.get(pid, (0, "", 0.0))[2]
+            pids.extend(children.get(pid, []))
+        out[name] = total
+    backends = [cpu for _, cmdline, cpu in table.values() if "postgres" in cmdline and "gpuportal_load" in cmdline]
+    out["postgres"] = sum(backends)
+    return out
+
+
 def _summary(stats_csv: Path, seconds: int) -> dict[str, dict[str, float]]:
     rows = list(csv.DictReader(stats_csv.open()))
     out = {}
@@ -98,6 +136,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--web-workers", type=int, default=2,
+                        help="uvicorn workers under gunicorn (the production web process); 0: one Daphne")  # fmt: skip
     parser.add_argument("--json", type=Path, default=Path("bench/out/load.json"))
     args = parser.parse_args()
     locust = _ensure_locust()
@@ -121,7 +161,22 @@ def main() -> int:
     logs = work / "logs"
     logs.mkdir()
     commands = {
-        "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        "web": (
+            [
+                python,
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:portal.gunicorn_conf",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                str(args.web_workers),
+                "portal.asgi:application",
+            ]
+            if args.web_workers
+            else [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
+        ),
         "worker": [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=WARNING"],
         "scheduler": [*manage, "run_scheduler"],
     }
@@ -147,14 +202,24 @@ def main() -> int:
                     raise SystemExit(f"the web process did not start; see {logs}") from None
                 time.sleep(0.3)
         prefix = work / "locust"
+        roots = {name: process.pid for name, process in processes.items()}
+        before = _cpu_by_part(roots)
+        locust_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # locust is the only child waited for
         subprocess.run(
             [str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "-u", str(args.users),
              "-r", str(max(1, args.users // 5)), "-t", f"{args.seconds}s", "-H", f"http://127.0.0.1:{port}",
              "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING"],
             cwd=ROOT, env={**env, "LOAD_TOKENS": str(token_file)}, check=False,
         )  # fmt: skip
+        after = _cpu_by_part(roots)
+        locust_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # The share of one core each part used while locust ran.
+        cpu = {name: round((after[name] - before[name]) / args.seconds, 2) for name in after}
+        locust_s = sum(getattr(locust_after, f) - getattr(locust_before, f) for f in ("ru_utime", "ru_stime"))
+        cpu["locust"] = round(locust_s / args.seconds, 2)
         stats = _summary(Path(f"{prefix}_stats.csv"), args.seconds)
-        results = {"users": args.users, "seconds": args.seconds, "requests": stats}
+        results = {"users": args.users, "seconds": args.seconds, "web_workers": args.web_workers,
+                   "cpu_cores_used": cpu, "requests": stats}  # fmt: skip
     finally:
         for process in processes.values():
             os.killpg(process.pid, signal.SIGTERM)

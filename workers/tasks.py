@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import shared_task
@@ -18,11 +19,21 @@ def ping() -> dict[str, Any]:
     return {"pong": True, "database": str(connection.settings_dict["NAME"])}
 
 
+# When this process last began a cycle (wall clock, as `requested_at` is).
+_cycle_began_at = 0.0
+
+
 @shared_task(name="portal.schedule_cycle", ignore_result=True)
-def schedule_cycle() -> dict[str, Any]:
-    """Run one scheduling cycle. Cycles serialise on a lock, so duplicates are harmless."""
+def schedule_cycle(requested_at: float | None = None) -> dict[str, Any]:
+    """Run one scheduling cycle, unless this process began one after the request was made: that
+    cycle's snapshot already held the change behind it. A burst of submissions queues one request
+    each; they cost one cycle per cycle's length, not one each. Cycles serialise on a lock."""
+    global _cycle_began_at
     from apps.scheduling.adapter import run_cycle
 
+    if requested_at is not None and requested_at < _cycle_began_at:
+        return {"coalesced": True}
+    _cycle_began_at = time.time()
     result = run_cycle()
     return {"admitted": result.admitted, "pending": result.pending}
 

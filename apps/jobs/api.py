@@ -94,7 +94,10 @@ class JobViewSet(TenantViewSet):
         data = dict(serializer.validated_data)
         workspace = data.pop("workspace")
         self.require(workspace)
-        serializer.instance = actions.check_submit_job(workspace, **data, **self.action_kwargs())
+        job = actions.check_submit_job(workspace, **data, **self.action_kwargs())
+        # A new job has no attempts and no artifacts yet: answer without asking the database.
+        job._prefetched_objects_cache = {"attempt_set": JobAttempt.objects.none(), "artifacts": Artifact.objects.none()}
+        serializer.instance = job
 
     @extend_schema(
         parameters=[LogQuerySerializer],

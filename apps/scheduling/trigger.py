@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import transaction
@@ -25,7 +26,7 @@ def request_cycle() -> None:
         from workers.tasks import schedule_cycle
 
         try:
-            schedule_cycle.delay()
+            schedule_cycle.delay(time.time())
         except Exception:  # the periodic loop catches up if the broker is briefly away
             logger.warning("could not queue a scheduling cycle; the scheduler loop will run it", exc_info=True)
 
