@@ -75,12 +75,15 @@ def _end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
     job.exit_code = exit_code
     job.finished_at = now
     job.failure_reason = reason[:2000] if state == Job.State.FAILED else ""
+    if state == Job.State.SUCCEEDED:
+        job.progress = 1.0  # done is all of it, whatever the job last printed
     job.attempt_set.filter(finished_at__isnull=True).update(
         finished_at=now, exit_code=exit_code, outcome=state.lower(), reason=reason[:2000]
     )
     job.save()
     do_log_event(f"job.{state.lower()}", job, workspace=job.workspace, data={"exit_code": exit_code, "reason": reason})
-    notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "exit_code": exit_code})
+    live = {"id": job.pk, "state": job.state, "exit_code": exit_code, "progress": job.progress}
+    notify(job.workspace_id, "job", live)
     request_cycle()
 
 

@@ -66,10 +66,25 @@ def test_it_refuses_gpus_without_a_type(world: World) -> None:
 def test_it_refuses_a_share_above_one_that_is_not_whole(world: World, gpus: str) -> None:
     with refused(
         ActionError,
-        f"{gpus} GPUs: a share of one device must be below 1 (e.g. 0.25, 0.5); more than one device must be a whole "
-        "number.",
+        f"{gpus} GPUs: more than one device must be a whole number (1, 2, 8...); a share of one device is 0.25, "
+        "0.5 or 0.75.",
     ):
         submit(world, gpus)
+
+
+@pytest.mark.parametrize("gpus", ["0.3", "0.1", "0.6", "0.99"])
+def test_it_refuses_a_share_that_is_not_a_quarter_a_half_or_three_quarters(world: World, gpus: str) -> None:
+    with refused(
+        ActionError,
+        f"{gpus} GPUs: a share of one device is 0.25, 0.5 or 0.75 (or 0 for no GPU, or a whole number of devices).",
+        field="gpus_per_replica",
+    ):
+        submit(world, gpus, gpu_type="h100")
+
+
+def test_no_gpu_is_a_job_on_cpu_cores_alone(world: World) -> None:
+    job = submit(world, "0", gpu_type="h100")
+    assert (job.state, job.gpu_type, job.gpus_per_replica) == (Job.State.QUEUED, "", 0)
 
 
 @pytest.mark.parametrize("gpus", ["0.25", "0.5", "0.75", "1", "4"])

@@ -83,6 +83,16 @@ def test_it_runs_a_gang_on_its_gpus_and_keeps_logs_and_artifacts(world: World, r
     assert not job.allocations.exists()
 
 
+@pytest.mark.parametrize(("script", "state", "progress"), [
+    ("echo PROGRESS 0.8", Job.State.SUCCEEDED, 1.0),  # done is all of it
+    ("echo PROGRESS 0.8; exit 3", Job.State.FAILED, 0.8),  # how far a failed job got
+])  # fmt: skip
+def test_a_finished_job_shows_how_far_it_got(world: World, run: Any, script: str, state: str, progress: float) -> None:
+    job = settle(run(world, script), state)
+    assert job.progress == progress
+    assert world.client(world.alice).get(f"/api/v1/jobs/{job.pk}/").json()["progress"] == progress
+
+
 def test_it_follows_a_log_while_the_job_runs(world: World, run: Any) -> None:
     job = run(world, "echo one; sleep 30")
     client = world.client(world.alice)

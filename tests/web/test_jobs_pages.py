@@ -55,7 +55,7 @@ def test_job_form_errors_show_next_to_their_fields(world: World, signed_in: Sign
     assert "Line 2: write NAME=value." in no_equals
     too_big = alice.post("/w/team-a/jobs/new/", {"name": "t", "command": "true", "gpu_type": "h100",
                                                  "gpus_per_replica": "1.5"}).content.decode()  # fmt: skip
-    assert 'id="gpus_per_replica-error"' in too_big and "a share of one device must be below 1" in too_big
+    assert 'id="gpus_per_replica-error"' in too_big and "more than one device must be a whole number" in too_big
     assert not Job.objects.exists()
 
 
