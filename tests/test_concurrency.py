@@ -60,3 +60,51 @@ def test_1000_concurrent_submissions_are_each_recorded_once_and_admitted_within_
     held = sum(Allocation.objects.filter(job__workspace=tx_world.team_a).values_list("fraction", flat=True), Decimal(0))
     admitted = Job.objects.filter(workspace=tx_world.team_a, state=Job.State.ADMITTED).count()
     assert held == admitted == 4  # team-a's quota: 4 h100; the rest wait their turn
+
+
+def test_submissions_to_one_workspace_do_not_wait_for_each_other_but_a_policy_change_waits(tx_world: World) -> None:
+    """A submission holds its workspace's policies (max runtime) until it commits: an admin's change
+    waits for it, while other submissions to the workspace go on."""
+    import threading
+
+    from django.db import OperationalError, connection, transaction
+
+    from apps.jobs.actions import check_submit_job
+    from apps.workspaces.models import Workspace
+
+    held, release = threading.Event(), threading.Event()
+
+    def slow_submission() -> None:
+        try:
+            with transaction.atomic():
+                check_submit_job(tx_world.team_a, name="slow", command="true", acting_user=tx_world.alice)
+                held.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def other(action: str) -> str:
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '2s'")
+                if action == "submit":
+                    check_submit_job(tx_world.team_a, name="quick", command="true", acting_user=tx_world.alice)
+                else:
+                    Workspace.objects.filter(pk=tx_world.team_a.pk).update(max_runtime_s=60)
+            return "done"
+        except OperationalError as error:
+            return "waited" if "lock timeout" in str(error) else repr(error)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=slow_submission)
+    first.start()
+    try:
+        assert held.wait(30)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            assert pool.submit(other, "submit").result() == "done"
+            assert pool.submit(other, "policy").result() == "waited"
+    finally:
+        release.set()
+        first.join()
