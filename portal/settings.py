@@ -286,6 +286,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "apps.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": [
+        "apps.api.filters.KnownParameters",
+        "apps.api.filters.WorkspaceFilter",
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],

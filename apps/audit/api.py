@@ -24,6 +24,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = AuditEventSerializer
     queryset = AuditEvent.objects.none()  # for the schema; get_queryset() is the truth
+    workspace_field = "workspace"  # for the `?workspace=` filter
     filterset_fields = {"action": ["exact", "startswith"], "workspace__name": ["exact"], "target_type": ["exact"]}
     ordering_fields = ["created_at"]
 

@@ -1,0 +1,79 @@
+"""Query parameters of list endpoints: a `workspace` filter on every tenant list, and a 400 for a
+parameter no filter, ordering or page knows (rather than ignoring it and answering with
+everything, which reads as if the filter had matched)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
+from rest_framework.exceptions import ValidationError
+from rest_framework.filters import BaseFilterBackend, OrderingFilter
+from rest_framework.request import Request
+
+from apps.workspaces.models import Workspace
+
+# Understood on any endpoint: the response format DRF may be asked for.
+ALWAYS = frozenset({"format"})
+
+
+class WorkspaceFilter(BaseFilterBackend):
+    """`?workspace=<name>` on lists of tenant data (views with a `workspace_field`)."""
+
+    param = "workspace"
+
+    @staticmethod
+    def tenant_data(view: Any) -> bool:
+        """Objects that belong to a workspace (not the workspaces themselves)."""
+        queryset = getattr(view, "queryset", None)
+        return getattr(view, "workspace_field", None) is not None and getattr(queryset, "model", None) is not Workspace
+
+    def applies(self, view: Any) -> bool:
+        return self.tenant_data(view) and getattr(view, "action", None) == "list"
+
+    def filter_queryset(self, request: Request, queryset: QuerySet[Any], view: Any) -> QuerySet[Any]:
+        if not self.applies(view) or self.param not in request.query_params:
+            return queryset
+        return queryset.filter(**{f"{view.workspace_field}__name": request.query_params[self.param]})
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        if not self.tenant_data(view):
+            return []
+        return [{"name": self.param, "required": False, "in": "query", "description": "Only this workspace's.",
+                 "schema": {"type": "string"}}]  # fmt: skip
+
+
+class KnownParameters(BaseFilterBackend):
+    """Refuse, on a list, a query parameter that none of the view's filters, its ordering or its
+    pagination reads: HTTP 400 naming it and what the endpoint knows."""
+
+    def filter_queryset(self, request: Request, queryset: QuerySet[Any], view: Any) -> QuerySet[Any]:
+        if getattr(view, "action", None) != "list":
+            return queryset
+        known = set(ALWAYS) | self._known(request, queryset, view)
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            listed = ", ".join(sorted(known - ALWAYS)) or "none"
+            raise ValidationError({name: [f"Unknown query parameter. This list knows: {listed}."] for name in unknown})
+        return queryset
+
+    @staticmethod
+    def _known(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+        known: set[str] = set()
+        for backend_class in view.filter_backends:
+            backend = backend_class()
+            if isinstance(backend, DjangoFilterBackend):
+                filterset = backend.get_filterset_class(view, queryset)
+                if filterset is not None:
+                    known |= set(filterset.base_filters)
+            elif isinstance(backend, OrderingFilter):
+                if backend.get_valid_fields(queryset, view, {"request": request}):
+                    known.add(backend.ordering_param)
+            elif isinstance(backend, WorkspaceFilter) and backend.applies(view):
+                known.add(backend.param)
+        paginator = getattr(view, "paginator", None)
+        if paginator is not None:
+            known |= {p for p in (getattr(paginator, "page_query_param", None),
+                                  getattr(paginator, "page_size_query_param", None)) if p}  # fmt: skip
+        return known
