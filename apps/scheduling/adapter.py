@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -209,6 +209,17 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
 
 
 def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
+    """Apply one admission in a savepoint of the cycle: if the database refuses its devices (shares
+    of one GPU above one, see inventory's migration 0003), it stays queued and the cycle goes on."""
+    try:
+        with transaction.atomic():
+            return _apply_admission(row, decision, gpu_lookup)
+    except IntegrityError:
+        logger.error("admission of %s %s refused: a device would be shared above one", type(row).__name__, row.pk)
+        return False
+
+
+def _apply_admission(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
     now = timezone.now()
     model = type(row)
     new_state = Job.State.ADMITTED if isinstance(row, Job) else Instance.State.PROVISIONING
@@ -291,7 +302,11 @@ def run_cycle() -> CycleResult:
             if isinstance(row, Job):
                 do_preempt_job(row, reason=preempt.reason, grace_s=preempt.grace_s)
                 result.preempted.append(preempt.key)
+        evicted = {preempt.key for preempt in decisions.preempted}
         for admit in decisions.admitted:
+            if admit.key in evicted:  # the engine never decides both; never apply both either
+                logger.error("%s was both admitted and evicted in one cycle; not admitted", admit.key)
+                continue
             if _admit(loaded.rows[admit.key], admit, loaded.gpu_lookup):
                 result.admitted.append(admit.key)
         for pending in decisions.pending:

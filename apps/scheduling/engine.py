@@ -107,6 +107,7 @@ class Engine:
         self.queues: dict[str, _Queue] = defaultdict(_Queue)
         self.slot_counts: dict[tuple[str, str, int], int] = {}  # see _slots
         self.rejected: list[Reject] = []
+        self.admitted_now: set[str] = set()  # admitted in the current cycle: never its victims
 
     # -- feeding it --------------------------------------------------------------------------------
 
@@ -234,6 +235,7 @@ class Engine:
     def cycle(self, now: float, *, explain: bool = True) -> Decisions:
         """Admit, preempt or explain: one pass over the pending workloads."""
         self._advance(now)
+        self.admitted_now = set()
         decisions = Decisions(rejected=self.rejected)
         self.rejected = []
         reasons: dict[str, str] = {}
@@ -253,6 +255,7 @@ class Engine:
         queue = self.queues[workload.workspace].items
         queue.remove((-workload.priority, workload.seq, workload.key))
         started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
+        self.admitted_now.add(workload.key)
         self._start(_Running(started, pool, placed, units_of(workload.total_gpus)))
         placement = tuple(
             ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
@@ -421,6 +424,8 @@ class Engine:
         for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
             victim = running.workload
             if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
+                continue
+            if victim.key in self.admitted_now:  # its admission and its eviction would leave together
                 continue
             if victim.started_at is not None and now - victim.started_at < self.policy.min_runtime_s:
                 continue
