@@ -15,6 +15,7 @@ from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from apps.accounts import actions
+from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
 from apps.workspaces.access import restrict
 from apps.workspaces.actions import ensure_private_workspace
@@ -23,8 +24,8 @@ from apps.workspaces.models import Workspace
 User = get_user_model()
 
 
-class UserSerializer(serializers.ModelSerializer):
-    username = serializers.RegexField(r"^[\w.@+-]+$", max_length=150)
+class UserSerializer(StrictModelSerializer):
+    username = serializers.RegexField(r"^[A-Za-z0-9_.@+-]+$", max_length=150)
     groups = serializers.SlugRelatedField(slug_field="name", queryset=Group.objects.all(), many=True, required=False)
     password = serializers.CharField(write_only=True, required=False, max_length=128, style={"input_type": "password"})
 
@@ -62,8 +63,9 @@ class UserViewSet(PortalViewSet):
         actions.do_deactivate_user(instance, **self.action_kwargs())
 
 
-class GroupSerializer(serializers.ModelSerializer):
-    name = serializers.RegexField(r"^[\w .@+-]+$", max_length=150)
+class GroupSerializer(StrictModelSerializer):
+    # Any letters (a team may be "Équipe"), no control characters.
+    name = serializers.RegexField(r"^[^\u0000-\u001f\u007f]+$", max_length=150)
     members = serializers.SerializerMethodField()
 
     class Meta:
@@ -96,7 +98,7 @@ class GroupViewSet(PortalViewSet):
         actions.do_delete_group(instance, **self.action_kwargs())
 
 
-class MeSerializer(serializers.ModelSerializer):
+class MeSerializer(StrictModelSerializer):
     groups = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     workspaces = serializers.SerializerMethodField()
     private_workspace = serializers.SerializerMethodField()
@@ -128,7 +130,7 @@ class TokenView(APIView):
     authentication_classes: list[Any] = []
     throttle_classes = [AnonRateThrottle]
 
-    class Credentials(serializers.Serializer):
+    class Credentials(StrictSerializer):
         username = serializers.CharField(max_length=150)
         password = serializers.CharField(max_length=128, style={"input_type": "password"})
 

@@ -1,7 +1,11 @@
 """Typed errors raised by actions, and the API's one error shape.
 
 Every error the API returns looks like:
-    {"error": {"status": 400, "code": "invalid", "message": "...", "fields": {"name": ["..."]}}}
+    {"error": {"status": 400, "code": "invalid", "message": "...", "fields": {"name": ["..."]},
+               "field_codes": {"name": ["max_length"]}}}
+`field_codes` gives, for each message of `fields`, a code a program can test (DRF's and Django's
+validation codes, such as "required", "does_not_exist", "unique", "max_length"; "rule" for a
+refusal by a rule that spans fields or reads the portal's state).
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+# The field code of a refusal by a rule the schema cannot state: one that spans fields, or reads
+# the portal's state (a policy, a quota, what the workspace allows).
+RULE = "rule"
 
 
 class ActionError(Exception):
@@ -59,17 +67,26 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
-def _body(status_code: int, code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def _body(
+    status_code: int,
+    code: str,
+    message: str,
+    fields: dict[str, list[str]] | None = None,
+    field_codes: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     error: dict[str, Any] = {"status": status_code, "code": code, "message": message}
     if fields:
         error["fields"] = fields
+    if field_codes:
+        error["field_codes"] = field_codes
     return {"error": error}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ActionError):
         fields = {exc.field: [exc.message]} if exc.field else None
-        return Response(_body(exc.status_code, exc.code, exc.message, fields), status=exc.status_code)
+        codes = {exc.field: [RULE]} if exc.field else None
+        return Response(_body(exc.status_code, exc.code, exc.message, fields, codes), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, RequestDataTooBig):  # Django's own limit, met before the parser's
@@ -85,7 +102,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         fields = _flatten(exc.detail) or {"non_field_errors": ["Invalid input."]}
         first = next(iter(fields.items()))
         message = first[1][0] if first[0] == "non_field_errors" else f"{first[0]}: {first[1][0]}"
-        response.data = _body(response.status_code, "invalid", message, fields)
+        codes = _flatten(exc.get_codes())
+        response.data = _body(response.status_code, "invalid", message, fields, codes)
     else:
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         code = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"

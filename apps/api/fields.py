@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.names import DNS_LABEL_MESSAGE, DNS_LABEL_RE
@@ -22,6 +23,14 @@ class NameField(serializers.RegexField):
         super().__init__(DNS_LABEL_RE, **kwargs)
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": 100,
+        "patternProperties": {ENV_KEY_RE.pattern: {"type": "string", "maxLength": 32768}},
+        "additionalProperties": False,
+    }
+)
 class EnvField(serializers.DictField):
     """Environment variables: at most 100, names like shell variables, values up to 32 KiB."""
 
@@ -66,3 +75,40 @@ class WorkspaceField(serializers.SlugRelatedField):
 
         request = self.context.get("request")
         return restrict(Workspace.objects.all(), getattr(request, "user", None))
+
+
+_SCALAR: list[dict[str, Any]] = [
+    {"type": "string", "pattern": "^[^\\u0000]*$"},
+    {"type": "number"},
+    {"type": "boolean"},
+]
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "propertyNames": {"pattern": "^[^\\u0000]*$"},
+        "additionalProperties": {
+            "anyOf": [
+                *_SCALAR,
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^[^\\u0000]*$"},
+                    "additionalProperties": {"anyOf": _SCALAR},
+                },
+            ]
+        },
+    }
+)
+class SettingsField(serializers.DictField):
+    """Settings of a backend: names to strings, numbers, true/false, or one level of such names
+    (e.g. `gpu_type_resources`)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        for key, item in value.items():
+            inner = item.values() if isinstance(item, dict) else [item]
+            if any(not isinstance(v, (str, int, float, bool)) for v in inner):
+                raise serializers.ValidationError(f"{key}: a setting is a string, a number, true or false, "
+                                                  "or an object of such (one level).")  # fmt: skip
+        return value

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django_filters import BooleanFilter
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
@@ -56,7 +57,28 @@ class KnownParameters(BaseFilterBackend):
         if unknown:
             listed = ", ".join(sorted(known - ALWAYS)) or "none"
             raise ValidationError({name: [f"Unknown query parameter. This list knows: {listed}."] for name in unknown})
+        errors: dict[str, list[str]] = {}
+        booleans = self._booleans(request, queryset, view)
+        for name, values in request.query_params.lists():
+            if len(values) > 1:
+                errors[name] = ["Give this parameter once (several values: name__in=a,b where the list has it)."]
+            elif "\x00" in values[0]:
+                errors[name] = ["Null characters are not allowed."]
+            elif name in booleans and values[0] not in ("true", "false"):
+                errors[name] = ["Expected true or false."]
+        if errors:
+            raise ValidationError(errors)
         return queryset
+
+    @staticmethod
+    def _booleans(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+        for backend_class in view.filter_backends:
+            backend = backend_class()
+            if isinstance(backend, DjangoFilterBackend):
+                filterset = backend.get_filterset_class(view, queryset)
+                if filterset is not None:
+                    return {n for n, f in filterset.base_filters.items() if isinstance(f, BooleanFilter)}
+        return set()
 
     @staticmethod
     def _known(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:

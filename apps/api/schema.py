@@ -17,6 +17,10 @@ ERROR_SCHEMA = {
                 "code": {"type": "string"},
                 "message": {"type": "string"},
                 "fields": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+                "field_codes": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                },
             },
         }
     },
@@ -43,6 +47,12 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
     no pattern that means one thing to the server and another to a client (below)."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     _drop_unicode_word_patterns(result)
+    _no_null_characters_in_query_strings(result)
+    _lists_in_one_parameter(result)
+    for name, component in result["components"]["schemas"].items():
+        if name.endswith("Request") and component.get("type") == "object":
+            component["additionalProperties"] = False  # the API refuses a field it does not know
+            _no_null_characters(component)
     reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for path in result.get("paths", {}).values():
         for method, operation in path.items():
@@ -52,6 +62,54 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
             for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": reference})
     return result
+
+
+def _no_null_characters_in_query_strings(result: dict[str, Any]) -> None:
+    """A free-text query parameter takes any character but NUL (which the filters refuse)."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                schema = parameter.get("schema", {})
+                if (
+                    parameter.get("in") == "query"
+                    and schema.get("type") == "string"
+                    and not ({"enum", "pattern", "format"} & set(schema))
+                ):
+                    schema["pattern"] = NO_NUL
+
+
+NO_NUL = "^[^\\u0000]*$"
+
+
+def _no_null_characters(node: Any) -> None:
+    """Free text in a request body takes any character but NUL (which the API refuses)."""
+    if isinstance(node, dict):
+        if node.get("type") == "string" and not ({"enum", "pattern", "format"} & set(node)):
+            node["pattern"] = NO_NUL
+        for value in node.values():
+            _no_null_characters(value)
+    elif isinstance(node, list):
+        for item in node:
+            _no_null_characters(item)
+
+
+def _lists_in_one_parameter(result: dict[str, Any]) -> None:
+    """`state__in=A,B`: one parameter, comma-separated (not repeated), of the values `state` takes."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            parameters = operation.get("parameters", []) if isinstance(operation, dict) else []
+            by_name = {p.get("name"): p for p in parameters}
+            for parameter in parameters:
+                name = parameter.get("name", "")
+                if parameter.get("in") != "query" or not name.endswith("__in"):
+                    continue
+                parameter["style"], parameter["explode"] = "form", False
+                single = by_name.get(name.removesuffix("__in"), {}).get("schema", {})
+                items = parameter.setdefault("schema", {}).setdefault("items", {"type": "string"})
+                if "enum" in single:
+                    items["enum"] = single["enum"]
+                else:
+                    items.setdefault("pattern", "^[^,\\u0000]*$")
 
 
 def _drop_unicode_word_patterns(node: Any) -> None:

@@ -5,11 +5,12 @@ from typing import Any
 from django.db.models import Q
 from rest_framework import serializers, viewsets
 
+from apps.api.strict import StrictModelSerializer
 from apps.audit.models import AuditEvent
 from apps.workspaces.access import workspace_ids
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(StrictModelSerializer):
     actor = serializers.CharField(source="actor_name", read_only=True)
     workspace = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 

@@ -5,7 +5,9 @@ from typing import Any
 from django.contrib.auth.models import Group
 from rest_framework import serializers
 
+from apps.api.errors import RULE
 from apps.api.fields import NameField
+from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, PortalViewSet
 from apps.catalog import actions
 from apps.catalog.models import ComputeProfile, NotebookProfile
@@ -14,7 +16,7 @@ from apps.scheduling.limits import check_gpu_shape
 PROFILE_FIELDS = ["id", "name", "display_name", "description", "published", "visible_to", "created_at", "updated_at"]
 
 
-class ProfileSerializer(serializers.ModelSerializer):
+class ProfileSerializer(StrictModelSerializer):
     name = NameField()
     visible_to = serializers.SlugRelatedField(
         slug_field="name", queryset=Group.objects.all(), many=True, required=False
@@ -23,6 +25,7 @@ class ProfileSerializer(serializers.ModelSerializer):
 
 class ComputeProfileSerializer(ProfileSerializer):
     size = serializers.CharField(source="size_label", read_only=True)
+    gpu_count = GPUCountField(required=False)
 
     class Meta:
         model = ComputeProfile
@@ -34,11 +37,12 @@ class ComputeProfileSerializer(ProfileSerializer):
         try:
             check_gpu_shape(gpu_count, field="gpu_count")
         except Exception as exc:  # ActionError: report it as a field error
-            raise serializers.ValidationError({"gpu_count": str(exc)}) from None
+            raise serializers.ValidationError({"gpu_count": str(exc)}, code=RULE) from None
         if gpu_count and not gpu_type:
-            raise serializers.ValidationError({"gpu_type": "A profile with GPUs names their type."})
+            raise serializers.ValidationError({"gpu_type": "A profile with GPUs names their type."}, code=RULE)
         if not gpu_count and gpu_type:
-            raise serializers.ValidationError({"gpu_count": "A profile with a GPU type has at least some GPU."})
+            message = "A profile with a GPU type has at least some GPU."
+            raise serializers.ValidationError({"gpu_count": message}, code=RULE)
         return attrs
 
 

@@ -2,9 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.fields import NameField, WorkspaceField
+from apps.api.strict import StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute import actions
@@ -30,6 +33,7 @@ class VisibleProfileField(serializers.SlugRelatedField):
         return self.model.objects.visible_to(self.context["request"].user)
 
 
+@extend_schema_field({"type": "string", "pattern": DNS_LABEL_RE.pattern.replace("\\Z", "$"), "nullable": True})
 class TargetClusterField(serializers.SlugRelatedField):
     """An enabled cluster, by name, that a new job or instance must run on.
 
@@ -70,7 +74,7 @@ class WorkloadStatusMixin(serializers.Serializer):
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
 
 
-class InstanceSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
+class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
     profile = VisibleProfileField(ComputeProfile)
@@ -137,7 +141,7 @@ class InstanceRefField(serializers.PrimaryKeyRelatedField):
         return restrict(Instance.objects.all(), self.context["request"].user)
 
 
-class NotebookSerializer(serializers.ModelSerializer):
+class NotebookSerializer(StrictModelSerializer):
     workspace = serializers.SlugRelatedField(slug_field="name", read_only=True)
     instance = InstanceRefField()
     name = NameField()
@@ -166,12 +170,21 @@ class NotebookSerializer(serializers.ModelSerializer):
         return notebook.access_token if allowed[notebook.workspace_id] else None
 
 
+class NotebookFilter(filters.FilterSet):
+    # By id, not a choice among instances: an id that matches none finds no notebook (not a 400).
+    instance = filters.NumberFilter(field_name="instance_id")
+
+    class Meta:
+        model = Notebook
+        fields = {"workspace__name": ["exact"], "state": ["exact", "in"]}
+
+
 class NotebookViewSet(TenantViewSet):
     """Jupyter notebooks running on an instance."""
 
     serializer_class = NotebookSerializer
     queryset = Notebook.objects.all()
-    filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "instance": ["exact"]}
+    filterset_class = NotebookFilter
     ordering_fields = ["created_at", "name", "state"]
 
     def base_queryset(self) -> Any:

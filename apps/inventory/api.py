@@ -10,16 +10,17 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.fields import NameField
+from apps.api.fields import NameField, SettingsField
+from apps.api.strict import StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, IsPlatformAdmin, PortalViewSet
 from apps.inventory import actions
 from apps.inventory.models import GPU, Allocation, Cluster, Node
 from apps.workspaces.access import workspace_ids
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(StrictModelSerializer):
     name = NameField()
-    connection = serializers.DictField(required=False)
+    connection = SettingsField(required=False)
     gpus = serializers.IntegerField(source="gpu_count", read_only=True)
     nodes = serializers.IntegerField(source="node_count", read_only=True)
 
@@ -78,7 +79,7 @@ class ClusterViewSet(PortalViewSet):
         return Response(self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data)
 
 
-class AllocationSerializer(serializers.ModelSerializer):
+class AllocationSerializer(StrictModelSerializer):
     holder = serializers.SerializerMethodField()
 
     class Meta:
@@ -95,7 +96,7 @@ class AllocationSerializer(serializers.ModelSerializer):
         return {"kind": kind, "id": workload.pk, "name": workload.name, "workspace": workload.workspace.name}
 
 
-class GPUSerializer(serializers.ModelSerializer):
+class GPUSerializer(StrictModelSerializer):
     node = serializers.CharField(source="node.name", read_only=True)
     cluster = serializers.CharField(source="node.pool.cluster.name", read_only=True)
     pool = serializers.CharField(source="node.pool.name", read_only=True)
@@ -107,7 +108,7 @@ class GPUSerializer(serializers.ModelSerializer):
                   "architecture", "declared", "allocations"]  # fmt: skip
 
 
-class NodeSerializer(serializers.ModelSerializer):
+class NodeSerializer(StrictModelSerializer):
     cluster = serializers.CharField(source="pool.cluster.name", read_only=True)
     pool = serializers.CharField(source="pool.name", read_only=True)
     gpus = serializers.IntegerField(source="gpu_count", read_only=True)

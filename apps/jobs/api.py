@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from decimal import Decimal
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -14,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.fields import EnvField, NameField, RelativePathListField, WorkspaceField
+from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.compute.api import TargetClusterField, WorkloadStatusMixin
 from apps.jobs import actions
@@ -21,13 +21,13 @@ from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.jobs.running import artifact_file, job_logs
 
 
-class JobAttemptSerializer(serializers.ModelSerializer):
+class JobAttemptSerializer(StrictModelSerializer):
     class Meta:
         model = JobAttempt
         fields = ["number", "started_at", "finished_at", "exit_code", "outcome", "reason"]
 
 
-class ArtifactSerializer(serializers.ModelSerializer):
+class ArtifactSerializer(StrictModelSerializer):
     class Meta:
         model = Artifact
         fields = ["path", "size_bytes", "sha256", "created_at"]
@@ -42,7 +42,7 @@ class ArtifactQuerySerializer(serializers.Serializer):
     path = serializers.CharField(max_length=1000)
 
 
-class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
+class JobSerializer(WorkloadStatusMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
     env = EnvField(required=False)
@@ -51,9 +51,7 @@ class JobSerializer(WorkloadStatusMixin, serializers.ModelSerializer):
     gpu_type = serializers.RegexField(
         r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$", max_length=32, required=False, allow_blank=True
     )
-    gpus_per_replica = serializers.DecimalField(
-        max_digits=6, decimal_places=2, min_value=Decimal("0"), max_value=Decimal("1024"), required=False
-    )
+    gpus_per_replica = GPUCountField(required=False)
     cluster = TargetClusterField(required=False, allow_null=True)
     requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     attempt_history = JobAttemptSerializer(source="attempt_set", many=True, read_only=True)

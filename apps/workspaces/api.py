@@ -10,7 +10,9 @@ from django.db.models import Prefetch, Q, Sum
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
+from apps.api.errors import RULE
 from apps.api.fields import NameField, WorkspaceField
+from apps.api.strict import StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, PortalViewSet, TenantViewSet
 from apps.catalog.models import ComputeProfile
 from apps.compute.models import Instance
@@ -51,7 +53,7 @@ def _shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return list(args[0]) if kwargs.get("many") else [args[0]]
 
 
-class GPUQuotaSerializer(serializers.ModelSerializer):
+class GPUQuotaSerializer(StrictModelSerializer):
     workspace = WorkspaceField()
     in_use = serializers.SerializerMethodField()
 
@@ -69,7 +71,7 @@ class GPUQuotaSerializer(serializers.ModelSerializer):
         return f"{used:.2f}"
 
 
-class WorkspaceSerializer(serializers.ModelSerializer):
+class WorkspaceSerializer(StrictModelSerializer):
     name = NameField()
     cohort = serializers.SlugRelatedField(
         slug_field="name", queryset=Cohort.objects.all(), required=False, allow_null=True
@@ -114,9 +116,9 @@ class WorkspaceSerializer(serializers.ModelSerializer):
         group = attrs.get("assigned_group", getattr(self.instance, "assigned_group", None))
         user = attrs.get("assigned_user", getattr(self.instance, "assigned_user", None))
         if kind in ("team", "department") and group is None:
-            raise serializers.ValidationError({"assigned_group": f"Name the group of the {kind}."})
+            raise serializers.ValidationError({"assigned_group": f"Name the group of the {kind}."}, code=RULE)
         if kind == "user" and user is None:
-            raise serializers.ValidationError({"assigned_user": "Name the user."})
+            raise serializers.ValidationError({"assigned_user": "Name the user."}, code=RULE)
         return attrs
 
 
@@ -174,7 +176,7 @@ class WorkspaceViewSet(TenantViewSet):
         actions.do_delete_workspace(instance, **self.action_kwargs())
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(StrictModelSerializer):
     workspace = WorkspaceField()
     user = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.all())
 
@@ -251,7 +253,8 @@ class GPUQuotaViewSet(TenantViewSet):
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         quota = serializer.instance
         if set(serializer.validated_data) & {"workspace", "gpu_type"}:
-            raise serializers.ValidationError({"gpu_type": "Create a new quota to change its workspace or type."})
+            message = "Create a new quota to change its workspace or type."
+            raise serializers.ValidationError({"gpu_type": message}, code=RULE)
         self._save(serializer, quota.workspace, quota.gpu_type)
 
     def perform_destroy(self, instance: GPUQuota) -> None:
@@ -260,7 +263,7 @@ class GPUQuotaViewSet(TenantViewSet):
         actions.do_delete_gpu_quota(instance, **self.action_kwargs())
 
 
-class CohortSerializer(serializers.ModelSerializer):
+class CohortSerializer(StrictModelSerializer):
     name = NameField()
     workspaces = serializers.SerializerMethodField()
 

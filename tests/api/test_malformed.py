@@ -192,7 +192,13 @@ def _shape_problem(response: Any) -> str | None:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or set(body) != {"error"}:
         return f"not the error shape: {body!r:.300}"
-    if error.get("status") != response.status_code or not set(error) <= {"status", "code", "message", "fields"}:
+    if error.get("status") != response.status_code or not set(error) <= {
+        "status",
+        "code",
+        "message",
+        "fields",
+        "field_codes",
+    }:
         return f"not the error shape: {error!r:.300}"
     if not (isinstance(error.get("code"), str) and isinstance(error.get("message"), str) and error["message"]):
         return f"no code or message: {error!r:.300}"
