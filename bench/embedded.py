@@ -11,6 +11,8 @@ after another with free capacity:
 - instances (CPU only, local): from the POST, and from `admitted_at`, to RUNNING;
 - notebooks on a running local instance, the profile's environment already built (one warm-up
   notebook builds it first): from the POST to READY, and to the first page through the proxy;
+- jobs again, admission to running, while a notebook's environment is being built (a package
+  set no run built before), on the provision queue's own worker;
 - with Slurm (deploy/slurm.sh) registered as a cluster: 1-GPU jobs, admission to running.
 
 The API is polled every 20 ms. Notebook environments are kept in PORTAL_NOTEBOOK_ENV_DIR
@@ -186,6 +188,33 @@ def _notebooks(api: requests.Session, url: str, runs: int) -> dict[str, list[flo
     return {"request_to_ready": ready, "request_to_first_page": answering}
 
 
+def _jobs_while_building(api: requests.Session, url: str, runs: int) -> dict[str, list[float]]:
+    """Jobs admitted while a notebook's environment builds (a package set never built before:
+    a version floor no other run used), from admission to running."""
+    nonce = int(time.time()) % 100000
+    profile = {"name": f"bench-build-{nonce}", "image": "quay.io/jupyter/base-notebook", "published": True,
+               "python_packages": ["jupyterlab", f"tqdm>=4.0.{nonce}"]}  # fmt: skip
+    api.post(f"{url}/api/v1/notebook-profiles/", json=profile).raise_for_status()
+    box = api.post(f"{url}/api/v1/instances/", json={"workspace": "admin", "name": "build-box", "profile": "cpu-small"})
+    box.raise_for_status()
+    _until(lambda: api.get(f"{url}/api/v1/instances/{box.json()['id']}/").json(), lambda r: r["state"] == "RUNNING")
+    body = {"workspace": "admin", "name": "building", "instance": box.json()["id"], "profile": profile["name"]}
+    began = time.perf_counter()
+    notebook = api.post(f"{url}/api/v1/notebooks/", json=body)
+    notebook.raise_for_status()
+    read = _reader(api, url, "notebooks", notebook.json()["id"])
+    _until(read, lambda r: r["state"] == "STARTING")
+    jobs = _jobs(api, url, runs)
+    still_building = read()["state"] == "STARTING"
+    row = _until(read, lambda r: r["state"] in ("READY", "FAILED"), timeout_s=900)
+    built = time.perf_counter() - began
+    if not still_building:
+        raise SystemExit(f"the environment was built ({built:.0f} s) before the jobs were done: no figure")
+    api.delete(f"{url}/api/v1/notebooks/{row['id']}/")
+    api.delete(f"{url}/api/v1/instances/{box.json()['id']}/")
+    return {"admission_to_running": jobs["admission_to_running"], "environment_build": [built]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
@@ -204,6 +233,8 @@ def main() -> int:
                 results[f"local_instance_{name}"] = _summary(seconds)
             for name, seconds in _notebooks(api, portal.url, args.runs).items():
                 results[f"local_notebook_{name}"] = _summary(seconds)
+            for name, seconds in _jobs_while_building(api, portal.url, args.runs).items():
+                results[f"local_job_while_building_{name}"] = _summary(seconds)
             if not args.no_slurm:
                 portal.manage("register_cluster", "slurm", "--kind", "slurm", "--partition", "gpu")
                 for name, seconds in _jobs(api, portal.url, args.runs, cluster="slurm").items():

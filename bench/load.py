@@ -177,7 +177,8 @@ def main() -> int:
             if args.web_workers
             else [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
         ),
-        "worker": [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=WARNING"],
+        "worker": [python, "-m", "celery", "-A", "portal", "worker", "-Q", "celery,provision", "--pool=solo",
+                   "--loglevel=WARNING"],  # fmt: skip
         "scheduler": [*manage, "run_scheduler"],
     }
     processes = {

@@ -224,13 +224,16 @@ def main() -> int:
         *("--ip", args.host, "--port", str(args.port), "--api-ip", "127.0.0.1", "--api-port", str(proxy_api_port)),
         *("--default-target", f"http://127.0.0.1:{web_port}", "--host-routing", "--log-level", "warn"),
     ]
+    celery_worker = [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"]
     children = {
         "web": Child(
             "web", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "portal.asgi:application"], log_dir
         ),
         "proxy": Child("proxy", proxy, log_dir, env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": proxy_token}),
-        "worker": Child(
-            "worker", [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"], log_dir
+        # Quick tasks and provisioning on workers of their own: an environment build never holds up a job.
+        "worker": Child("worker", [*celery_worker, "-Q", "celery", "-n", "quick@%h"], log_dir),
+        "provision-worker": Child(
+            "provision-worker", [*celery_worker, "-Q", "provision", "-n", "provision@%h"], log_dir
         ),
         "scheduler": Child("scheduler", [python, str(BASE_DIR / "manage.py"), "run_scheduler"], log_dir),
     }

@@ -177,6 +177,15 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Two queues, each with workers of its own: quick work (scheduling cycles, job starts and syncs)
+# on "celery", and provisioning that can take minutes (instances and notebooks: environment
+# builds, backend starts) on "provision", so a slow start never delays a job or a cycle.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+PROVISION_QUEUE = "provision"
+CELERY_TASK_ROUTES = {
+    "portal.converge_instance": {"queue": PROVISION_QUEUE},
+    "portal.converge_notebook": {"queue": PROVISION_QUEUE},
+}
 
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}

@@ -87,7 +87,8 @@ class Production:
         return {
             "web": [PYTHON, "-m", "gunicorn", "-c", "python:portal.gunicorn_conf", "-b", f"127.0.0.1:{self.web_port}",
                     "-w", "2", "portal.asgi:application"],
-            "worker": [PYTHON, "-m", "celery", "-A", "portal", "worker", "--concurrency=2", "--loglevel=INFO",
+            "worker": [PYTHON, "-m", "celery", "-A", "portal", "worker", "-Q", "celery,provision", "--concurrency=2",
+                       "--loglevel=INFO",
                        "--without-gossip", "--without-mingle"],
             "scheduler": [PYTHON, "manage.py", "run_scheduler"],
         }[name]  # fmt: skip

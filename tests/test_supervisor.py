@@ -73,10 +73,10 @@ def test_the_embedded_portal_heals_refuses_a_twin_and_dies_whole(tmp_path: Path)
         assert running
 
         # The worker dies: it is started again, the portal keeps answering, the job keeps running.
-        worker = _portal_process(data_dir, "celery -A portal worker")
+        worker = _portal_process(data_dir, "-n quick@")
         assert worker is not None
         os.kill(worker, signal.SIGKILL)
-        _until(lambda: _portal_process(data_dir, "celery -A portal worker") not in (None, worker), "a new worker")
+        _until(lambda: _portal_process(data_dir, "-n quick@") not in (None, worker), "a new worker")
         assert any("worker exited with status" in line and "restarting" in line for line in portal.output)
         assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
         job = requests.get(job_url, headers=headers, timeout=10).json()

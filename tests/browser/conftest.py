@@ -135,6 +135,8 @@ def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterato
                 "-A",
                 "portal",
                 "worker",
+                "-Q",
+                "celery,provision",
                 "--pool=solo",
                 "--loglevel=INFO",
                 "--without-heartbeat",
