@@ -8,6 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.api.errors import RULE
 from apps.names import DNS_LABEL_MESSAGE, DNS_LABEL_RE
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -49,6 +50,7 @@ class EnvField(serializers.DictField):
         return value
 
 
+@extend_schema_field({"type": "array", "maxItems": 50, "items": {"type": "string", "minLength": 1, "maxLength": 500}})
 class RelativePathListField(serializers.ListField):
     """Paths inside a job's working directory: relative, no '..'."""
 
@@ -59,7 +61,8 @@ class RelativePathListField(serializers.ListField):
         paths = super().to_internal_value(data)
         for path in paths:
             if path.startswith("/") or ".." in path.split("/"):
-                raise serializers.ValidationError(f"{path!r}: use a path relative to the job's directory.")
+                message = f"{path!r}: use a path relative to the job's directory."
+                raise serializers.ValidationError(message, code=RULE)
         return paths
 
 

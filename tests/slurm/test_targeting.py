@@ -45,7 +45,7 @@ def test_it_queues_a_job_for_the_cluster_it_names(world: World, slurm: Cluster) 
     [
         ("no-such-cluster", "No cluster is named no-such-cluster."),
         ("Slurm", "Give a cluster's name."),
-        (7, "Give a cluster's name."),
+        (7, "Expected a string."),
         ("slurm\n", "Give a cluster's name."),
     ],
 )
