@@ -144,7 +144,8 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         status = f"{notebook['url']}api/status"
         admin = sign_in(url, "admin", password.group(1))
         opened = admin.get(notebook["url"], timeout=30)
-        assert opened.status_code == 200 and "A Jupyter Server is running" in opened.text
+        assert opened.status_code == 200 and "<title>JupyterLab</title>" in opened.text
+        assert opened.url == f"{notebook['url']}lab"
         nb_token = {"Authorization": f"token {notebook['access_token']}"}
         assert browser_session().get(status, headers=nb_token, timeout=10).status_code == 200
         anonymous = browser_session().get(status, allow_redirects=False, timeout=10)

@@ -103,7 +103,8 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal
         page.get_by_role("link", name="Open Jupyter").click()
     jupyter = opened.value
     jupyter.wait_for_load_state()
-    root = f"http://lab-{notebook.pk}.localhost:{urlsplit(portal.url).port}/"
+    # The portal's own link lands in JupyterLab (not the server's bare root page).
+    root = f"http://lab-{notebook.pk}.localhost:{urlsplit(portal.url).port}/lab"
     if jupyter.url != root:
         # Under a loaded CI machine the sign-in callback has, rarely, answered instead of
         # redirecting (its body says why); a person would click the link again, and so does this.
@@ -114,6 +115,7 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal
         jupyter = opened.value
         jupyter.wait_for_load_state()
         assert jupyter.url == root, first
+    assert jupyter.title() == "JupyterLab"
     output = jupyter.evaluate(RUN_CELL, {"code": "print(6 * 7)"})
     assert output == "42\n"
     jupyter.close()

@@ -108,8 +108,8 @@ def test_a_page_a_notebook_serves_reaches_nothing_of_the_portal(page: Page, port
     # bob signs in to the portal and opens alice's notebook: the portal hands him over.
     sign_in(page, portal, "bob")
     page.goto(f"{origin}/")
-    expect(page.get_by_text("A Jupyter Server is running")).to_be_visible()
-    assert page.url == f"{origin}/"
+    expect(page).to_have_title("JupyterLab")
+    assert page.url == f"{origin}/lab"
 
     # The page alice's notebook serves, as a file (opened from Jupyter's page, as a link there
     # does): it learns nothing, and its POSTs change nothing.

@@ -171,13 +171,15 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
     # with a one-time code; the server redeems it and sets a session of its own.
     bob = sign_in(proxy, "bob")
     page = bob.get(notebook.url, timeout=30)
-    assert page.status_code == 200 and "A Jupyter Server is running" in page.text, server_logs()
-    assert page.url == notebook.url
     hops = [(r.status_code, urlsplit(r.url).hostname, urlsplit(r.url).path) for r in page.history]
+    # The notebook's own link opens JupyterLab (not the server's bare "A Jupyter Server is running").
+    assert page.status_code == 200 and "<title>JupyterLab</title>" in page.text, (hops, page.text[:300])
+    assert page.url == f"{notebook.url}lab"
     assert hops == [
         (302, notebook.host, "/"),
         (302, "127.0.0.1", f"/notebooks/authorize/{notebook.host_label}/"),
         (302, notebook.host, "/portal-auth/callback"),
+        (302, notebook.host, "/"),  # then the server's root sends it on to JupyterLab
     ]
     # The portal's session and CSRF cookies never went to the notebook's host: they are host-only.
     for response in [*page.history, page]:

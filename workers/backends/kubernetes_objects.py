@@ -538,6 +538,7 @@ def _notebook_container(
             f"--port={JUPYTER_PORT}",
             "--no-browser",
             f"--ServerApp.base_url={base_url}",
+            "--ServerApp.default_url=/lab",  # the Jupyter images have JupyterLab: open it
             "--ServerApp.trust_xheaders=True",
         ],
         "env": [{"name": "JUPYTER_TOKEN", "valueFrom": token_ref}],

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workers.backends.base import BackendError, InstanceSpec, JobSpec, NotebookSpec
+from workers.backends.pyenv import landing_path
 
 # Where portal_identity.py lives: put on the server's PYTHONPATH.
 IDENTITY_MODULES = Path(__file__).resolve().parent.parent / "notebook"
@@ -31,6 +32,8 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
         "--no-browser",
         shlex.quote(f"--ServerApp.base_url={spec.base_url}"),
         shlex.quote(f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}"),
+        # Its root opens JupyterLab, not the bare "A Jupyter Server is running" page.
+        shlex.quote(f"--ServerApp.default_url={landing_path(env_dir)}"),
         # Bound to the node behind the portal's proxy, which keeps the browser's Host header.
         "--ServerApp.allow_remote_access=True",
         # Every request is the portal's to allow (workers/notebook): the server's token, or the

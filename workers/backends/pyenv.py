@@ -20,7 +20,9 @@ from pathlib import Path
 
 from workers.backends.base import BackendError, PolicyRefusal
 
-# What a notebook server needs, added to a profile's list unless it names its own version.
+# What a notebook server needs, added to a profile's list unless it names its own version:
+# JupyterLab (what "Open Jupyter" opens, as on JupyterHub), which brings the server.
+JUPYTERLAB = "jupyterlab==4.4.10"
 JUPYTER_SERVER = "jupyter_server==2.21.1"
 IPYKERNEL = "ipykernel==7.4.0"
 BUILD_TIMEOUT_S = 1800.0
@@ -39,11 +41,24 @@ def requirements_for(packages: list[str]) -> list[str]:
             raise PolicyRefusal(f"{package!r} is not a package requirement such as 'pandas' or 'numpy==2.1.0'")
         wanted.append(package)
     names = {_canonical(p) for p in wanted}
+    if not names & {"jupyterlab", "notebook"}:
+        wanted.append(JUPYTERLAB)
+        names.add("jupyterlab")
     if not names & {"jupyter-server", "jupyterlab", "notebook"}:
         wanted.append(JUPYTER_SERVER)
     if not names & {"ipykernel", "jupyterlab", "notebook"}:
         wanted.append(IPYKERNEL)
     return sorted(set(wanted))
+
+
+def landing_path(env_dir: Path) -> str:
+    """Where a browser opening the server lands: JupyterLab if the environment has it, else the
+    classic notebook's tree, else the server's root."""
+    try:
+        names = {_canonical(line) for line in (env_dir / "requirements.txt").read_text().split()}
+    except OSError:
+        return "/lab"  # an environment made elsewhere (an image): JupyterLab, as the images have it
+    return "/lab" if "jupyterlab" in names else "/tree" if "notebook" in names else "/"
 
 
 def _canonical(requirement: str) -> str:
