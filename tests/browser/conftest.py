@@ -9,6 +9,7 @@ asyncio tests that come after it in the same process.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from django.db import connections
 
 from tests.leftovers import stop_everything_of
 from tests.proxy import ROOT, free_port, running_proxy
+from tests.test_embedded import EmbeddedPortal
 
 # Playwright's sync API runs an event loop in this thread; the tests' ORM calls are still synchronous.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -167,6 +169,31 @@ def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterato
                     os.killpg(child.pid, 9)
                     child.wait()
             stop_everything_of(str(data_dir / "work"))  # instances and notebooks the journey left
+
+
+@dataclass
+class EmbeddedSite:
+    url: str
+    username: str
+    password: str  # the admin's, as the start printed it; the admin has a workspace of the same name
+    data_dir: Path
+
+
+@pytest.fixture
+def embedded_portal(tmp_path: Path) -> Iterator[EmbeddedSite]:
+    """The embedded default started exactly as `bash deploy/run.sh` starts it (SQLite, the
+    filesystem broker, no Redis), in a data directory of its own; stopped with Ctrl-C after the test."""
+    data_dir = tmp_path / "embedded"
+    portal = EmbeddedPortal(data_dir)
+    try:
+        url = portal.wait_ready()
+        password = re.search(r"Login: admin / (\S+)", "".join(portal.output))
+        assert password, "".join(portal.output)
+    except BaseException:
+        portal.stop()
+        raise
+    yield EmbeddedSite(url=url, username="admin", password=password.group(1), data_dir=data_dir)
+    assert portal.stop() == 0, "".join(portal.output[-40:])  # a clean stop, nothing left behind
 
 
 @pytest.fixture(autouse=True)
