@@ -38,6 +38,28 @@ def _check_profile_allowed(workspace: Workspace, profile: ComputeProfile, user: 
         raise ActionError(f"Workspace {workspace.name} does not allow profile {profile.name}.", field="profile")
 
 
+def check_profile_size(workspace: Workspace, profile: ComputeProfile) -> None:
+    """Refuse a profile larger than the workspace could ever be given (its GPU quota and what it
+    may borrow, its CPU and memory limits, the largest node): the launch's own size rule."""
+    check_request_size(
+        workspace,
+        gpu_type=profile.gpu_type,
+        gpus_per_replica=profile.gpu_count,
+        replicas=1,
+        cpu_cores=profile.cpu_cores,
+        memory_gb=profile.memory_gb,
+    )
+
+
+def why_not_launchable(workspace: Workspace, profile: ComputeProfile) -> str:
+    """Why the workspace could never run this profile ("" if it could): for the wizard's sizes."""
+    try:
+        check_profile_size(workspace, profile)
+    except ActionError as exc:
+        return exc.message
+    return ""
+
+
 def check_launch_instance(
     workspace: Workspace,
     *,
@@ -65,14 +87,7 @@ def check_launch_instance(
             )
         if live.filter(name=name).exists():
             raise ActionError(f"An instance named {name} already exists in {workspace.name}.", field="name")
-        check_request_size(
-            workspace,
-            gpu_type=profile.gpu_type,
-            gpus_per_replica=profile.gpu_count,
-            replicas=1,
-            cpu_cores=profile.cpu_cores,
-            memory_gb=profile.memory_gb,
-        )
+        check_profile_size(workspace, profile)
         if requested_cluster is not None:
             check_cluster_fits(
                 requested_cluster,

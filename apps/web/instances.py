@@ -87,6 +87,11 @@ def instance_new(request: HttpRequest, ws: str) -> HttpResponse:
             checked = validated(serializer, errors)
             if current == 1:
                 errors = {k: v for k, v in errors.items() if k in STEP_FIELDS[1]}
+            if current == 2 and not errors:
+                size = next((p for p in profiles if p.name == values["profile"]), None)
+                reason = actions.why_not_launchable(workspace, size) if size is not None else ""
+                if reason:  # refused at the step that offers it, not at the last one
+                    errors["profile"] = [reason]
             if errors:
                 step = _step_of(errors, current)
             elif current < 3:
@@ -103,6 +108,9 @@ def instance_new(request: HttpRequest, ws: str) -> HttpResponse:
                     messages.success(request, f"Instance {instance.name} is launching.")
                     return redirect("web:instance", ws=workspace.name, pk=instance.pk)
     chosen = next((p for p in profiles if p.name == values["profile"]), None)
+    # Sizes the workspace could never hold are shown, disabled, with the reason.
+    for profile in profiles:
+        profile.unavailable = actions.why_not_launchable(workspace, profile)  # type: ignore[attr-defined]
     context = {
         "workspace": workspace,
         "step": step,
