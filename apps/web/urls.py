@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import dashboard, home, instances, jobs, notebooks
+from apps.web import dashboard, home, instances, jobs, members, notebooks
 
 app_name = "web"
 
@@ -32,4 +32,5 @@ urlpatterns = [
     path("w/<str:ws>/jobs/new/", jobs.job_new, name="job-new"),
     path("w/<str:ws>/jobs/<int:pk>/", jobs.job_detail, name="job"),
     path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("w/<str:ws>/members/", members.members, name="members"),
 ]

@@ -1,0 +1,70 @@
+"""A workspace's members: everyone who can see it sees who is in it; owners (and platform admins)
+add people, change roles and remove them, through the same actions as the API."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+
+from apps.api.errors import ActionError
+from apps.web.common import Errors, action_kwargs, page, signed_in, workspace_for
+from apps.workspaces import actions
+from apps.workspaces.access import MANAGE, can
+from apps.workspaces.models import Membership, Role, Workspace
+
+
+def _change(request: HttpRequest, workspace: Workspace, errors: Errors) -> str | None:
+    """Apply one change from the form; the message to show once done, or None with `errors`."""
+    what = request.POST.get("action", "")
+    role = request.POST.get("role", Role.MEMBER)
+    if what in ("add", "role") and role not in Role.values:
+        errors["role"] = ["Choose owner, member or viewer."]
+        return None
+    try:
+        if what == "add":
+            username = request.POST.get("username", "").strip()
+            user = get_user_model().objects.filter(username=username, is_active=True).first()
+            if user is None:
+                errors["username"] = [f"No active user is named {username!r}." if username else "Give a username."]
+                return None
+            actions.do_set_membership(workspace, user, role, **action_kwargs(request))
+            return f"{username} is now {Role(role).label.lower()} of {workspace.name}."
+        membership = get_object_or_404(Membership, pk=request.POST.get("membership") or 0, workspace=workspace)
+        name = membership.user.get_username()
+        if what == "role":
+            actions.do_set_membership(workspace, membership.user, role, **action_kwargs(request))
+            return f"{name} is now {Role(role).label.lower()} of {workspace.name}."
+        if what == "remove":
+            actions.do_remove_membership(membership, **action_kwargs(request))
+            return f"{name} was removed from {workspace.name}."
+    except ActionError as exc:
+        errors[exc.field or "form"] = [exc.message]
+        return None
+    errors["form"] = ["Unknown change."]
+    return None
+
+
+@signed_in
+def members(request: HttpRequest, ws: str) -> HttpResponse:
+    errors: Errors = {}
+    if request.method == "POST":
+        workspace = workspace_for(request, ws, MANAGE)  # another tenant's: 404; a member's: 403
+        done = _change(request, workspace, errors)
+        if done is not None:
+            messages.success(request, done)
+            return redirect("web:members", ws=workspace.name)
+    else:
+        workspace = workspace_for(request, ws)
+    rows = Membership.objects.filter(workspace=workspace).select_related("user").order_by("user__username")
+    context = {
+        "workspace": workspace,
+        "nav": "members",
+        "rows": rows,
+        "roles": Role.choices,
+        "may_manage": can(request.user, workspace, MANAGE),
+        "errors": errors,
+        "values": {"username": request.POST.get("username", ""), "role": request.POST.get("role", Role.MEMBER)},
+    }
+    return page(request, "web/members.html", context, status=400 if errors else 200)

@@ -1,0 +1,72 @@
+"""The members page: members see who is in their workspace; owners add people, change roles and
+remove them through the workspace actions (audited, the last owner kept); a member's forged
+change is refused, another tenant finds nothing, and the form needs its CSRF token."""
+
+from __future__ import annotations
+
+from django.test import Client
+
+from apps.audit.models import AuditEvent
+from apps.workspaces.models import Membership, Role
+from tests.personas import World
+from tests.web.test_pages import SignedIn
+
+URL = "/w/team-a/members/"
+
+
+def test_a_member_sees_the_members_read_only(world: World, signed_in: SignedIn) -> None:
+    page = signed_in(world.bob).get(URL)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert 'data-member="alice"' in text and 'data-member="victor"' in text
+    assert "Add someone" not in text and "Remove alice" not in text
+    assert 'href="/w/team-a/members/"' in text  # in the workspace's navigation
+
+
+def test_an_owner_adds_changes_and_removes_members_through_the_actions(world: World, signed_in: SignedIn) -> None:
+    alice = signed_in(world.alice)
+    added = alice.post(URL, {"action": "add", "username": "charlie", "role": "viewer"})
+    assert added.status_code == 302
+    charlie = Membership.objects.get(workspace=world.team_a, user=world.charlie)
+    assert charlie.role == Role.VIEWER
+    assert alice.post(URL, {"action": "role", "membership": charlie.pk, "role": "member"}).status_code == 302
+    charlie.refresh_from_db()
+    assert charlie.role == Role.MEMBER
+    assert alice.post(URL, {"action": "remove", "membership": charlie.pk}).status_code == 302
+    assert not Membership.objects.filter(pk=charlie.pk).exists()
+    events = AuditEvent.objects.filter(action__startswith="membership.").order_by("pk")
+    actions = list(events.values_list("action", "via"))
+    assert actions == [("membership.set", "web"), ("membership.set", "web"), ("membership.remove", "web")]
+
+
+def test_the_last_owner_stays_and_a_bad_name_is_said(world: World, signed_in: SignedIn) -> None:
+    alice = signed_in(world.alice)
+    own = Membership.objects.get(workspace=world.team_a, user=world.alice)
+    kept = alice.post(URL, {"action": "remove", "membership": own.pk})
+    assert kept.status_code == 400 and "is the last owner of team-a" in kept.content.decode()
+    nobody = alice.post(URL, {"action": "add", "username": "nobody", "role": "member"})
+    assert nobody.status_code == 400 and "No active user is named &#x27;nobody&#x27;." in nobody.content.decode()
+    assert Membership.objects.filter(pk=own.pk, role=Role.OWNER).exists()
+
+
+def test_a_member_cannot_change_members_and_another_tenant_finds_nothing(world: World, signed_in: SignedIn) -> None:
+    victor = Membership.objects.get(workspace=world.team_a, user=world.victor)
+    bob = signed_in(world.bob)  # a member through the group, not an owner
+    assert bob.post(URL, {"action": "role", "membership": victor.pk, "role": "owner"}).status_code == 403
+    assert bob.post(URL, {"action": "add", "username": "bob", "role": "owner"}).status_code == 403
+    charlie = signed_in(world.charlie)  # team-b
+    assert charlie.get(URL).status_code == 404
+    assert charlie.post(URL, {"action": "remove", "membership": victor.pk}).status_code == 404
+    # An owner of team-b cannot reach team-a's membership by its id through team-b's page.
+    Membership.objects.create(workspace=world.team_b, user=world.charlie, role=Role.OWNER)
+    other = charlie.post("/w/team-b/members/", {"action": "remove", "membership": victor.pk})
+    assert other.status_code == 404
+    victor.refresh_from_db()
+    assert victor.role == Role.VIEWER
+
+
+def test_changes_need_the_csrf_token(world: World) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world.alice)
+    assert client.post(URL, {"action": "add", "username": "charlie", "role": "member"}).status_code == 403
+    assert not Membership.objects.filter(workspace=world.team_a, user=world.charlie).exists()
