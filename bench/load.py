@@ -160,6 +160,7 @@ def main() -> int:
     token_file.write_text(tokens.strip().splitlines()[-1])
     logs = work / "logs"
     logs.mkdir()
+    celery = [python, "-m", "celery", "-A", "portal", "worker"]
     commands = {
         "web": (
             [
@@ -177,8 +178,7 @@ def main() -> int:
             if args.web_workers
             else [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
         ),
-        "worker": [python, "-m", "celery", "-A", "portal", "worker", "-Q", "celery,provision", "--pool=solo",
-                   "--loglevel=WARNING"],  # fmt: skip
+        "worker": [*celery, "-Q", "celery,provision", "--pool=solo", "--loglevel=WARNING"],
         "scheduler": [*manage, "run_scheduler"],
     }
     processes = {
