@@ -206,6 +206,10 @@ def main() -> int:
 
     print("Preparing the database and the demo...", flush=True)
     _manage("migrate", "--no-input", "-v", "0")
+    from django.conf import settings
+
+    if "channels" in settings.DATABASES:  # live updates' SQLite file, when there is no Redis
+        _manage("migrate", "channels_lite", "--no-input", "-v", "0", "--database", "channels")
     _manage("collectstatic", "--no-input", "-v", "0")
     _manage("seed_demo")
 

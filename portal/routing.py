@@ -1,7 +1,8 @@
 from django.urls import path
 
-from apps.workspaces.consumers import WorkspaceConsumer
+from apps.workspaces.consumers import ConsoleConsumer, WorkspaceConsumer
 
 websocket_urlpatterns = [
     path("ws/workspaces/<str:name>/", WorkspaceConsumer.as_asgi()),
+    path("ws/console/", ConsoleConsumer.as_asgi()),
 ]

@@ -187,10 +187,37 @@ CELERY_TASK_ROUTES = {
     "portal.converge_notebook": {"queue": PROVISION_QUEUE},
 }
 
+# Live updates cross processes (the worker and the scheduler loop change states too): Redis in
+# production; without Redis, channels-lite's layer on a SQLite file of its own (not the portal's
+# database, whose write lock it would contend for), which every process of the portal shares.
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    # A socket's consumer waits on Redis with BZPOPMIN for 5 s at a time: the client's read timeout
+    # must be longer, or every socket that hears nothing for 5 s dies (redis-py 8 reads for 5 s by
+    # default; redis/redis-py#4091).
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+        }
+    }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    INSTALLED_APPS.append("channels_lite")
+    DATABASES["channels"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": DATA_DIR / "channels.sqlite3",
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+    }
+    DATABASE_ROUTERS = ["channels_lite.router.ChannelsRouter"]
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_lite.layers.core.SQLiteChannelLayer",
+            "CONFIG": {"database": "channels", "expiry": 60, "capacity": 1000, "polling_interval": 0.2},
+        }
+    }
 
 # --- Auth -----------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

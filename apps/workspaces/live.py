@@ -12,8 +12,28 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 
+# Every live socket listens here too: the scheduler loop, another process, beats every
+# HEARTBEAT_S through the channel layer, so a page shows "Live" only while updates made outside
+# the web process actually reach it.
+HEARTBEAT_GROUP = "live.heartbeat"
+# The admin console hears every workspace's changes.
+CONSOLE_GROUP = "live.console"
+HEARTBEAT_S = 5.0
+
+
 def group_name(workspace_id: int) -> str:
     return f"workspace.{workspace_id}"
+
+
+def heartbeat() -> None:
+    """One beat to every open page (from the scheduler loop)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(HEARTBEAT_GROUP, {"type": "state.changed", "kind": "heartbeat", "payload": {}})
+    except Exception:  # best effort: pages then say they are not live
+        logger.warning("could not send the live heartbeat", exc_info=True)
 
 
 def notify(workspace_id: int, kind: str, payload: dict[str, Any]) -> None:
@@ -23,10 +43,11 @@ def notify(workspace_id: int, kind: str, payload: dict[str, Any]) -> None:
         layer = get_channel_layer()
         if layer is None:
             return
+        message = {"type": "state.changed", "kind": kind, "payload": payload}
         try:
-            async_to_sync(layer.group_send)(
-                group_name(workspace_id), {"type": "state.changed", "kind": kind, "payload": payload}
-            )
+            async_to_sync(layer.group_send)(group_name(workspace_id), message)
+            console = {**message, "payload": {**payload, "workspace_id": workspace_id}}
+            async_to_sync(layer.group_send)(CONSOLE_GROUP, console)
         except Exception:  # a live update is best effort; the page's next load is the truth
             logger.warning("could not push a live update for workspace %s", workspace_id, exc_info=True)
 

@@ -1,6 +1,7 @@
-// Live updates: one WebSocket per workspace shown on the page. Each state change the portal
-// pushes ({"kind": "job"|"instance"|"notebook", "id": ..., "state": ...}) becomes a
-// "live-<kind>" event and a "live-<kind>-<id>" event on <body>; page parts listen for them with
+// Live updates: one WebSocket per workspace shown on the page (the admin console's pages: one for
+// the whole cluster). Each state change the portal pushes ({"kind": "job"|"instance"|"notebook",
+// "id": ..., "state": ...}) becomes a "live-<kind>" event and a "live-<kind>-<id>" event on
+// <body> (and "live-any", "live-batch"); page parts listen for them with
 // hx-trigger and re-render themselves from the server, so the server stays the one place that
 // formats a page. (A part about one object listens for its own event rather than filtering with
 // an hx-trigger expression: the Content-Security-Policy allows no eval, so htmx evaluates nothing.)
@@ -9,41 +10,87 @@
   document.documentElement.classList.add("js");
 
   const status = () => document.getElementById("live-status");
-  const open = new Map();
+  // The page's sockets by workspace ("" for the console's): each with when it opened and when its
+  // last heartbeat came (0 while not open).
+  const sockets = new Map();
 
-  function setStatus(state, text) {
+  function setStatus(state, text, why) {
     const el = status();
     if (!el) return;
     el.classList.toggle("on", state === "on");
     el.classList.toggle("off", state === "off");
     el.querySelector(".live-text").textContent = text;
+    el.title = why || "Live updates";
   }
+
+  // "Live" only while heartbeats arrive on every socket of the page: the scheduler loop, another
+  // process, sends one every 5 s through the channel layer, so they prove that changes made
+  // anywhere in the portal reach this page. An open socket without one for 12 s says so.
+  const LATE_MS = 12000;
+  function refresh() {
+    if (sockets.size === 0) return;
+    const now = Date.now();
+    let worst = 0;  // the page is as live as its least live socket
+    sockets.forEach((s) => {
+      let rank = 0;
+      if (!s.openedAt) rank = 3;
+      else if (now - Math.max(s.openedAt, s.lastBeat) > LATE_MS) rank = 2;
+      else if (!s.lastBeat) rank = 1;
+      worst = Math.max(worst, rank);
+    });
+    if (worst === 0) setStatus("on", "Live", "Live updates: changes appear without a reload");
+    else if (worst === 1) setStatus("off", "Connecting…");
+    else if (worst === 2) setStatus("off", "Not live", "No updates arrive: reload the page to see changes");
+    else setStatus("off", "Reconnecting…");
+  }
+  setInterval(refresh, 1000);
 
   function fire(name, detail) {
     document.body.dispatchEvent(new CustomEvent(name, { detail: detail, bubbles: true }));
   }
 
+  // "live-batch": at most one every 500 ms, and always one after the last change. For parts that
+  // hear many changes (the console hears the whole cluster's), where a debounce ("delay:") could
+  // wait forever on a busy cluster and a throttle could miss the last change.
+  let batch = null;
+  function batched() {
+    if (!batch) batch = setTimeout(() => { batch = null; fire("live-batch", {}); }, 500);
+  }
+
   function connect(workspace, attempt) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(`${scheme}//${location.host}/ws/workspaces/${encodeURIComponent(workspace)}/`);
-    open.set(workspace, socket);
+    // The console (workspace "") hears every workspace; a page of workspaces hears each of its own.
+    const path = workspace ? `/ws/workspaces/${encodeURIComponent(workspace)}/` : "/ws/console/";
+    const socket = new WebSocket(`${scheme}//${location.host}${path}`);
+    const entry = { openedAt: 0, lastBeat: 0 };
+    sockets.set(workspace, entry);
     socket.addEventListener("open", () => {
-      setStatus("on", "Live");
-      if (attempt > 0) fire("live-reconnected", { workspace: workspace });  // catch up on what was missed
+      // Open is not live yet: that takes a heartbeat.
+      entry.openedAt = Date.now();
+      refresh();
+      // Catch up on what changed before this socket listened: between the page's render and now
+      // (a job admitted and started within its first second), or while it was away.
+      fire("live-reconnected", { workspace: workspace });
       attempt = 0;
     });
     socket.addEventListener("message", (event) => {
       let data;
       try { data = JSON.parse(event.data); } catch (e) { return; }
+      if (data.kind === "heartbeat") { entry.lastBeat = Date.now(); refresh(); return; }
       data.workspace = workspace;
       fire(`live-${data.kind}`, data);
       fire(`live-${data.kind}-${data.id}`, data);
       fire("live-any", data);
+      batched();
     });
     socket.addEventListener("close", (event) => {
-      open.delete(workspace);
-      if (event.code === 4404) return;  // no such workspace for this user: do not retry
-      setStatus("off", "Reconnecting…");
+      entry.openedAt = 0;
+      entry.lastBeat = 0;
+      if (event.code === 4404 || event.code === 4403) {  // not this user's: do not retry
+        sockets.delete(workspace);
+        return;
+      }
+      refresh();
       const wait = Math.min(15000, 500 * 2 ** Math.min(attempt, 5));
       setTimeout(() => connect(workspace, attempt + 1), wait);
     });
@@ -153,7 +200,8 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const names = (document.body.dataset.liveWorkspaces || "").split(",").filter(Boolean);
-    if (names.length === 0) setStatus("off", "Not live");
+    if (document.body.classList.contains("console")) connect("", 0);
+    else if (names.length === 0) setStatus("off", "Not live", "This page shows no workspace's work");
     names.forEach((name) => connect(name, 0));
     document.querySelectorAll("select[data-autosubmit]").forEach((select) => {
       select.addEventListener("change", () => select.form.requestSubmit());

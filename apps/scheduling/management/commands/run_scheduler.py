@@ -11,6 +11,7 @@ from django.db import close_old_connections
 from apps.compute.running import SWEEP_EVERY_S, reconcile_compute
 from apps.jobs.running import reconcile_jobs
 from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
+from apps.workspaces.live import HEARTBEAT_S, heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,8 @@ logger = logging.getLogger(__name__)
 class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
-        "their backends, requeue gangs not ready in time, and run a scheduling cycle."
+        "their backends, requeue gangs not ready in time, and run a scheduling cycle; and every 5 seconds "
+        "send open pages the live-update heartbeat that tells them updates reach them."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -30,6 +32,10 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         last_sweep = -SWEEP_EVERY_S
+        if not once:
+            # Open pages say "Live" while these beats arrive: a thread of its own keeps them
+            # regular whatever the interval and however long a cycle takes.
+            threading.Thread(target=self._beat, args=(stop,), name="live-heartbeat", daemon=True).start()
         while not stop.is_set():
             close_old_connections()
             try:
@@ -47,3 +53,9 @@ class Command(BaseCommand):
             if once:
                 return
             stop.wait(interval)
+
+    @staticmethod
+    def _beat(stop: threading.Event) -> None:
+        while not stop.is_set():
+            heartbeat()
+            stop.wait(HEARTBEAT_S)
