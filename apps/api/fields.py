@@ -55,7 +55,9 @@ class RelativePathListField(serializers.ListField):
     """Paths inside a job's working directory: relative, no '..'."""
 
     def __init__(self, **kwargs: Any):
-        super().__init__(child=serializers.CharField(max_length=500), max_length=50, **kwargs)
+        # Paths are taken as written (no trimming): what the schema says is what is stored.
+        child = serializers.CharField(max_length=500, trim_whitespace=False)
+        super().__init__(child=child, max_length=50, **kwargs)
 
     def to_internal_value(self, data: Any) -> list[str]:
         paths = super().to_internal_value(data)
