@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/embedded.py [--runs 10] [--no-slurm] [--json bench/out/embedded.json]
 
-Starts `deploy/run.sh` (Daphne behind the notebook proxy, a Celery worker on the filesystem
+Starts `deploy/run.sh` (Daphne behind the notebook proxy, two Celery workers on the filesystem
 broker, the scheduler loop) in a temporary data directory, signs in as the admin, then, one
 after another with free capacity:
 
@@ -11,8 +11,9 @@ after another with free capacity:
 - instances (CPU only, local): from the POST, and from `admitted_at`, to RUNNING;
 - notebooks on a running local instance, the profile's environment already built (one warm-up
   notebook builds it first): from the POST to READY, and to the first page through the proxy;
-- jobs again, admission to running, while a notebook's environment is being built (a package
-  set no run built before), on the provision queue's own worker;
+- while a notebook's environment is being built (a package set no run built before) on the
+  provisioning worker: jobs again, admission to running, then a notebook of the profile built
+  above, from the POST to READY;
 - with Slurm (deploy/slurm.sh) registered as a cluster: 1-GPU jobs, admission to running.
 
 The API is polled every 20 ms. Notebook environments are kept in PORTAL_NOTEBOOK_ENV_DIR
@@ -189,8 +190,9 @@ def _notebooks(api: requests.Session, url: str, runs: int) -> dict[str, list[flo
 
 
 def _jobs_while_building(api: requests.Session, url: str, runs: int) -> dict[str, list[float]]:
-    """Jobs admitted while a notebook's environment builds (a package set never built before:
-    a version floor no other run used), from admission to running."""
+    """While a notebook's environment builds (a package set never built before: a version floor
+    no other run used): jobs, from admission to running; then a notebook whose environment is
+    built (`_notebooks` built it), from the POST to READY."""
     nonce = int(time.time()) % 100000
     profile = {"name": f"bench-build-{nonce}", "image": "quay.io/jupyter/base-notebook", "published": True,
                "python_packages": ["jupyterlab", f"tqdm>=4.0.{nonce}"]}  # fmt: skip
@@ -205,14 +207,26 @@ def _jobs_while_building(api: requests.Session, url: str, runs: int) -> dict[str
     read = _reader(api, url, "notebooks", notebook.json()["id"])
     _until(read, lambda r: r["state"] == "STARTING")
     jobs = _jobs(api, url, runs)
+    other = {"workspace": "admin", "name": "built", "instance": box.json()["id"], "profile": "bench-kernel"}
+    asked = time.perf_counter()
+    other_id = api.post(f"{url}/api/v1/notebooks/", json=other).json()["id"]
+    done = _until(_reader(api, url, "notebooks", other_id), lambda r: r["state"] in ("READY", "FAILED"))
+    other_ready = time.perf_counter() - asked
+    if done["state"] == "FAILED":
+        raise SystemExit(f"notebook failed: {done['failure_reason']}")
     still_building = read()["state"] == "STARTING"
     row = _until(read, lambda r: r["state"] in ("READY", "FAILED"), timeout_s=900)
     built = time.perf_counter() - began
     if not still_building:
         raise SystemExit(f"the environment was built ({built:.0f} s) before the jobs were done: no figure")
+    api.delete(f"{url}/api/v1/notebooks/{other_id}/")
     api.delete(f"{url}/api/v1/notebooks/{row['id']}/")
     api.delete(f"{url}/api/v1/instances/{box.json()['id']}/")
-    return {"admission_to_running": jobs["admission_to_running"], "environment_build": [built]}
+    return {
+        "admission_to_running": jobs["admission_to_running"],
+        "built_notebook_request_to_ready": [other_ready],
+        "environment_build": [built],
+    }
 
 
 def main() -> int:

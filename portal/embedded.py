@@ -1,8 +1,8 @@
-"""The embedded portal: web (ASGI), a Celery worker, the scheduler loop and the notebook proxy,
+"""The embedded portal: web (ASGI), two Celery workers, the scheduler loop and the notebook proxy,
 from one command.
 
 Run by deploy/run.sh after it has set up the virtualenv and the Node packages. It migrates,
-seeds the demo, starts the four processes, prints the URL and the logins, and on Ctrl-C (or
+seeds the demo, starts the five processes, prints the URL and the logins, and on Ctrl-C (or
 SIGTERM) stops them all, leaving no stray processes. It supervises them: a process that dies is
 started again after a delay that doubles while it keeps dying (1 s up to 30 s), and every child
 dies with the supervisor, however the supervisor dies. A lock on the data directory keeps a
@@ -31,6 +31,9 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+# How many builds and starts the provisioning worker runs at once: threads, as they mostly wait
+# (on pip, a server to answer, Slurm), each on its own database connection.
+PROVISION_CONCURRENCY = 4
 RESTART_BACKOFF_S = (1.0, 30.0)  # the first delay before restarting a crashed child, and the longest
 HEALTHY_AFTER_S = 60.0  # a child that ran this long starts over from the first delay when it crashes
 _PR_SET_PDEATHSIG = 1
@@ -228,16 +231,20 @@ def main() -> int:
         *("--ip", args.host, "--port", str(args.port), "--api-ip", "127.0.0.1", "--api-port", str(proxy_api_port)),
         *("--default-target", f"http://127.0.0.1:{web_port}", "--host-routing", "--log-level", "warn"),
     ]
-    celery_worker = [python, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "--loglevel=INFO"]
+    celery_worker = [python, "-m", "celery", "-A", "portal", "worker", "--loglevel=INFO"]
     children = {
         "web": Child(
             "web", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "portal.asgi:application"], log_dir
         ),
         "proxy": Child("proxy", proxy, log_dir, env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": proxy_token}),
-        # Quick tasks and provisioning on workers of their own: an environment build never holds up a job.
-        "worker": Child("worker", [*celery_worker, "-Q", "celery", "-n", "quick@%h"], log_dir),
+        # Quick tasks and provisioning on workers of their own (workers/tasks.py): an environment
+        # build, a notebook or Slurm start, a stop's grace period never holds up a job or a cycle.
+        "worker": Child("worker", [*celery_worker, "--pool=solo", "-Q", "celery", "-n", "quick@%h"], log_dir),
         "provision-worker": Child(
-            "provision-worker", [*celery_worker, "-Q", "provision", "-n", "provision@%h"], log_dir
+            "provision-worker",
+            [*celery_worker, "--pool=threads", f"--concurrency={PROVISION_CONCURRENCY}"]
+            + ["-Q", "provision", "-n", "provision@%h"],
+            log_dir,
         ),
         "scheduler": Child("scheduler", [python, str(BASE_DIR / "manage.py"), "run_scheduler"], log_dir),
     }

@@ -177,15 +177,13 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Two queues, each with workers of its own: quick work (scheduling cycles, job starts and syncs)
-# on "celery", and provisioning that can take minutes (instances and notebooks: environment
-# builds, backend starts) on "provision", so a slow start never delays a job or a cycle.
+# Two queues, each with workers of its own: quick work (scheduling cycles, starts of jobs on this
+# machine) on "celery", and whatever can take seconds to minutes (environment builds, instance and
+# notebook starts, Slurm and Kubernetes starts, stops) on "provision", so that nothing slow ever
+# delays a job's start or a cycle. workers/tasks.py's `route` says which task goes where.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 PROVISION_QUEUE = "provision"
-CELERY_TASK_ROUTES = {
-    "portal.converge_instance": {"queue": PROVISION_QUEUE},
-    "portal.converge_notebook": {"queue": PROVISION_QUEUE},
-}
+CELERY_TASK_ROUTES = ("workers.tasks.route",)
 
 # Live updates cross processes (the worker and the scheduler loop change states too): Redis in
 # production; without Redis, channels-lite's layer on a SQLite file of its own (not the portal's

@@ -1,4 +1,15 @@
-"""Celery tasks: ids in, one action or engine call, safe to run twice."""
+"""Celery tasks: ids in, one action or engine call, safe to run twice.
+
+Tasks go to one of two queues (``route``, named by ``CELERY_TASK_ROUTES``), each with workers of
+its own, so that something slow never holds up something quick:
+
+- ``celery``, the default: scheduling cycles and starts of jobs on this machine, a fraction of a
+  second each. Its worker must never wait on anything that can take seconds.
+- ``provision``: whatever can wait seconds to minutes on something else. A notebook profile's
+  environment build (pip), instance and notebook starts (waiting for the server to answer, for
+  Slurm to run a batch job, for Kubernetes pods), job starts on Slurm and Kubernetes (they return
+  once the job runs), and stops (they wait out a workload's grace period).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +17,36 @@ import time
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import connection
 
 from workers.backends.base import BackendError
+
+_PROVISION_TASKS = frozenset(
+    {
+        "portal.sync_job",
+        "portal.converge_instance",
+        "portal.converge_notebook",
+        "portal.build_notebook_environment",
+        "portal.reconcile",
+    }
+)
+
+
+def route(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any], **_: Any
+) -> dict[str, str] | None:
+    """The queue of a task about to be sent (a Celery router): see the module's docstring. A job's
+    start goes to the quick queue if its cluster is this machine, to ``provision`` otherwise."""
+    if name in _PROVISION_TASKS:
+        return {"queue": settings.PROVISION_QUEUE}
+    if name == "portal.start_job" and args:
+        from apps.jobs.models import Job
+
+        kind = Job.objects.filter(pk=args[0]).values_list("cluster__kind", flat=True).first()
+        if kind is not None and kind != "local":
+            return {"queue": settings.PROVISION_QUEUE}
+    return None  # the default queue
 
 
 @shared_task(name="portal.ping")
@@ -89,6 +127,21 @@ def converge_notebook(notebook_id: int) -> None:
     from apps.compute.running import converge_notebook
 
     converge_notebook(notebook_id)
+
+
+@shared_task(
+    name="portal.build_notebook_environment",
+    ignore_result=True,
+    autoretry_for=(BackendError,),  # pip failed or timed out: transient
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def build_notebook_environment(notebook_id: int) -> None:
+    """Build the Python environment a notebook waits for; its start follows as a task of its own."""
+    from apps.compute.running import build_notebook_environment
+
+    build_notebook_environment(notebook_id)
 
 
 @shared_task(name="portal.reconcile", ignore_result=True)

@@ -6,7 +6,12 @@ STOPPING), or check it still runs (RUNNING, READY) and restart it when its proce
 worker calls it when something changes; the scheduler loop's ``reconcile_compute`` calls it for
 every live object, so a lost message or a crashed worker is caught up.
 
-A start can take a while (a notebook's environment is built once per profile), so it runs
+A notebook's Python environment is built once per package list, which can take minutes: with a
+worker, a start that finds it missing hands the build to a task of its own
+(``build_notebook_environment``), and the start is asked again once it is built, so that nothing
+waits on a build but its notebooks (workers/tasks.py routes both to the ``provision`` queue).
+
+A start can take a while all the same (a server to answer, a batch job to run), so it runs
 outside any transaction: the object is first *claimed* (a token in ``backend_state``), the
 backend started, and the outcome committed only if the claim still holds. A claim older than
 the start timeout is stale and may be taken over; processes a dead worker left behind are found
@@ -19,8 +24,10 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +44,7 @@ from apps.scheduling.trigger import request_cycle
 from apps.workspaces.live import notify
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, InstanceSpec, NotebookSpec, PolicyRefusal
+from workers.backends.pyenv import ensure_env, env_is_built
 from workers.backends.registry import backend_for
 
 logger = logging.getLogger(__name__)
@@ -291,9 +299,14 @@ def converge_notebook(notebook_id: int) -> Notebook | None:
     return notebook
 
 
+def _notebook_claim_s() -> float:
+    """How long a notebook's start or build may hold its claim before another may take it over."""
+    return float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600
+
+
 def _start_notebook(notebook_id: int) -> Notebook | None:
     states = (Notebook.State.PENDING, Notebook.State.STARTING, Notebook.State.READY)
-    token = _claim(Notebook, notebook_id, states, float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600)
+    token = _claim(Notebook, notebook_id, states, _notebook_claim_s())
     if token is None:
         return Notebook.objects.filter(pk=notebook_id).first()
     with transaction.atomic():
@@ -306,6 +319,10 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
         pk=notebook_id
     )
     backend = backend_for(notebook.instance.cluster)
+    if settings.PORTAL_WORKLOAD_TRIGGER == "task" and _environment_to_build(backend, notebook):
+        _release_claim(Notebook, notebook_id, token)
+        request_environment_build(notebook_id)  # which asks for the start again once built
+        return notebook
     try:
         endpoint = backend.start(_notebook_spec(notebook))
         target = endpoint.url or f"http://{endpoint.host}:{endpoint.port}"
@@ -336,6 +353,57 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
         notebook.save()
         do_log_event("notebook.ready", notebook, workspace=notebook.workspace, data={"target": target})
         notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state, "url": notebook.url})
+    return notebook
+
+
+def _environment(backend: Backend, notebook: Notebook) -> tuple[list[str], Path, str] | None:
+    """The packages, root and Python of the environment the backend builds for the notebook where
+    the worker runs (local and Slurm: under their ``env_root``); None where the image has it."""
+    root = getattr(backend, "env_root", "")
+    if not root:
+        return None
+    return list(notebook.profile.python_packages), Path(root), getattr(backend, "python", sys.executable)
+
+
+def _environment_to_build(backend: Backend, notebook: Notebook) -> bool:
+    environment = _environment(backend, notebook)
+    try:
+        return environment is not None and not env_is_built(*environment)
+    except PolicyRefusal:
+        return False  # the start refuses it, with the reason
+
+
+def request_environment_build(notebook_id: int) -> None:
+    """Once committed, have a worker build a starting notebook's environment."""
+    from workers.tasks import build_notebook_environment
+
+    def enqueue() -> None:
+        try:
+            build_notebook_environment.delay(notebook_id)
+        except Exception:  # the reconcile loop asks for the start again, which asks for the build
+            logger.warning("could not queue the environment of notebook %s; reconcile will", notebook_id, exc_info=True)
+
+    transaction.on_commit(enqueue)
+
+
+def build_notebook_environment(notebook_id: int) -> Notebook | None:
+    """Build the environment a starting notebook needs, claiming the notebook meanwhile (so its
+    start is not asked again), then ask for its start, which finds the environment built."""
+    token = _claim(Notebook, notebook_id, (Notebook.State.PENDING, Notebook.State.STARTING), _notebook_claim_s())
+    if token is None:
+        return Notebook.objects.filter(pk=notebook_id).first()
+    notebook = Notebook.objects.select_related("profile", "instance__cluster").get(pk=notebook_id)
+    try:
+        environment = _environment(backend_for(notebook.instance.cluster), notebook)
+        if environment is not None:
+            ensure_env(*environment)
+    except (PolicyRefusal, BackendError) as exc:
+        if isinstance(exc, BackendError) and not exc.permanent:
+            _release_claim(Notebook, notebook_id, token)
+            raise
+        return _fail_notebook(notebook_id, token, str(exc))
+    _release_claim(Notebook, notebook_id, token)
+    request_compute_sync("notebook", notebook_id)
     return notebook
 
 

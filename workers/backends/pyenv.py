@@ -74,6 +74,11 @@ def env_digest(requirements: list[str], python: str = sys.executable) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def env_is_built(packages: list[str], root: Path, python: str = sys.executable) -> bool:
+    """Whether ``ensure_env`` would return at once, the environment of ``packages`` being built."""
+    return (root / env_digest(requirements_for(packages), python) / ".ready").exists()
+
+
 def ensure_env(packages: list[str], root: Path, python: str = sys.executable) -> Path:
     """Return the directory of a virtualenv holding ``packages`` and a Jupyter server, building it
     if it is not there yet. ``BackendError`` (transient) if pip fails, with its last lines."""
