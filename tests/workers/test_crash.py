@@ -94,14 +94,23 @@ def _until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -
 
 @pytest.fixture
 def worker_queue(proxy: Proxy, settings: Any) -> Iterator[str]:
-    """A queue of our own, and tasks queued without naming one, or routed to provisioning, go there too."""
+    """A queue of our own: tasks queued without naming one, and provisioning, go there."""
     queue = f"crash-{uuid.uuid4().hex[:10]}"
-    default = app.conf.task_default_queue
-    app.conf.task_default_queue = settings.PROVISION_QUEUE = queue
+    default, routes = app.conf.task_default_queue, app.conf.task_routes
+    app.conf.task_default_queue = queue
+    app.conf.task_routes = {name: {"queue": queue} for name in ("portal.converge_instance", "portal.converge_notebook")}
+    _reroute()
     try:
         yield queue
     finally:
-        app.conf.task_default_queue = default
+        app.conf.task_default_queue, app.conf.task_routes = default, routes
+        _reroute()
+
+
+def _reroute() -> None:
+    """Make the app read its routes again (it keeps them once read)."""
+    app.amqp.flush_routes()
+    app.amqp.__dict__.pop("router", None)
 
 
 @pytest.mark.parametrize("cluster", ["local", "slurm"])
