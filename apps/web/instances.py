@@ -108,9 +108,9 @@ def instance_new(request: HttpRequest, ws: str) -> HttpResponse:
                     messages.success(request, f"Instance {instance.name} is launching.")
                     return redirect("web:instance", ws=workspace.name, pk=instance.pk)
     chosen = next((p for p in profiles if p.name == values["profile"]), None)
-    # Sizes the workspace could never hold are shown, disabled, with the reason.
-    for profile in profiles:
-        profile.unavailable = actions.why_not_launchable(workspace, profile)  # type: ignore[attr-defined]
+    if step == 2:  # sizes the workspace could never hold are shown, disabled, with the launch's reason
+        for profile in profiles:
+            profile.unavailable = actions.why_not_launchable(workspace, profile)  # type: ignore[attr-defined]
     context = {
         "workspace": workspace,
         "step": step,

@@ -30,20 +30,28 @@ def _change(request: HttpRequest, workspace: Workspace, errors: Errors) -> str |
                 errors["username"] = [f"No active user is named {username!r}." if username else "Give a username."]
                 return None
             actions.do_set_membership(workspace, user, role, **action_kwargs(request))
-            return f"{username} is now {Role(role).label.lower()} of {workspace.name}."
+            return f"{username}'s role in {workspace.name} is now {Role(role).label.lower()}."
         membership = get_object_or_404(Membership, pk=request.POST.get("membership") or 0, workspace=workspace)
         name = membership.user.get_username()
         if what == "role":
             actions.do_set_membership(workspace, membership.user, role, **action_kwargs(request))
-            return f"{name} is now {Role(role).label.lower()} of {workspace.name}."
+            return f"{name}'s role in {workspace.name} is now {Role(role).label.lower()}."
         if what == "remove":
             actions.do_remove_membership(membership, **action_kwargs(request))
             return f"{name} was removed from {workspace.name}."
     except ActionError as exc:
-        errors[exc.field or "form"] = [exc.message]
+        # The add form shows its fields' errors; a row's refusal (the last owner) is said above the table.
+        errors[exc.field if what == "add" and exc.field else "form"] = [exc.message]
         return None
     errors["form"] = ["Unknown change."]
     return None
+
+
+def _add_form_values(request: HttpRequest) -> dict[str, str]:
+    """What the add form shows: what was typed into it, not a row's role change."""
+    if request.POST.get("action") != "add":
+        return {"username": "", "role": Role.MEMBER}
+    return {"username": request.POST.get("username", ""), "role": request.POST.get("role", Role.MEMBER)}
 
 
 @signed_in
@@ -60,11 +68,10 @@ def members(request: HttpRequest, ws: str) -> HttpResponse:
     rows = Membership.objects.filter(workspace=workspace).select_related("user").order_by("user__username")
     context = {
         "workspace": workspace,
-        "nav": "members",
         "rows": rows,
         "roles": Role.choices,
         "may_manage": can(request.user, workspace, MANAGE),
         "errors": errors,
-        "values": {"username": request.POST.get("username", ""), "role": request.POST.get("role", Role.MEMBER)},
+        "values": _add_form_values(request),
     }
     return page(request, "web/members.html", context, status=400 if errors else 200)

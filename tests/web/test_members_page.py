@@ -9,18 +9,34 @@ from django.test import Client
 from apps.audit.models import AuditEvent
 from apps.workspaces.models import Membership, Role
 from tests.personas import World
+from tests.web.conftest import queries
 from tests.web.test_pages import SignedIn
 
 URL = "/w/team-a/members/"
 
 
-def test_a_member_sees_the_members_read_only(world: World, signed_in: SignedIn) -> None:
-    page = signed_in(world.bob).get(URL)
-    assert page.status_code == 200
-    text = page.content.decode()
-    assert 'data-member="alice"' in text and 'data-member="victor"' in text
-    assert "Add someone" not in text and "Remove alice" not in text
-    assert 'href="/w/team-a/members/"' in text  # in the workspace's navigation
+def test_a_member_and_a_viewer_see_the_members_read_only(world: World, signed_in: SignedIn) -> None:
+    for user in (world.bob, world.victor):
+        page = signed_in(user).get(URL)
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert 'data-member="alice"' in text and 'data-member="victor"' in text
+        assert "<form" not in text.split('<main id="main"', 1)[1], user  # nothing to change with
+        assert "Only the workspace's owners change who is in it." in text
+        assert '<a href="/w/team-a/members/" aria-current="page">Members</a>' in text  # in the workspace's navigation
+
+
+def test_an_owner_sees_the_forms_and_the_list_costs_the_same_for_more_members(
+    world: World, signed_in: SignedIn
+) -> None:
+    alice = signed_in(world.alice)
+    text = alice.get(URL).content.decode()
+    assert 'aria-label="Add someone"' in text
+    assert '<button class="btn btn-small" type="submit">Remove<span class="visually-hidden"> victor</span>' in text
+    few = queries(alice, URL)
+    Membership.objects.create(workspace=world.team_a, user=world.bob, role=Role.MEMBER)
+    Membership.objects.create(workspace=world.team_a, user=world.charlie, role=Role.VIEWER)
+    assert queries(alice, URL) == few
 
 
 def test_an_owner_adds_changes_and_removes_members_through_the_actions(world: World, signed_in: SignedIn) -> None:
@@ -29,6 +45,7 @@ def test_an_owner_adds_changes_and_removes_members_through_the_actions(world: Wo
     assert added.status_code == 302
     charlie = Membership.objects.get(workspace=world.team_a, user=world.charlie)
     assert charlie.role == Role.VIEWER
+    assert "charlie&#x27;s role in team-a is now viewer." in alice.get(URL).content.decode()
     assert alice.post(URL, {"action": "role", "membership": charlie.pk, "role": "member"}).status_code == 302
     charlie.refresh_from_db()
     assert charlie.role == Role.MEMBER
@@ -39,11 +56,25 @@ def test_an_owner_adds_changes_and_removes_members_through_the_actions(world: Wo
     assert actions == [("membership.set", "web"), ("membership.set", "web"), ("membership.remove", "web")]
 
 
+def test_a_platform_admin_manages_members_of_any_workspace(world: World, signed_in: SignedIn) -> None:
+    admin = signed_in(world.admin)
+    assert 'aria-label="Add someone"' in admin.get("/w/team-b/members/").content.decode()
+    assert admin.post("/w/team-b/members/", {"action": "add", "username": "bob", "role": "owner"}).status_code == 302
+    added = Membership.objects.get(workspace=world.team_b, user=world.bob)
+    assert added.role == Role.OWNER
+    event = AuditEvent.objects.get(action="membership.set")
+    assert (event.actor, event.via) == (world.admin, "web")
+
+
 def test_the_last_owner_stays_and_a_bad_name_is_said(world: World, signed_in: SignedIn) -> None:
     alice = signed_in(world.alice)
     own = Membership.objects.get(workspace=world.team_a, user=world.alice)
     kept = alice.post(URL, {"action": "remove", "membership": own.pk})
     assert kept.status_code == 400 and "is the last owner of team-a" in kept.content.decode()
+    demoted = alice.post(URL, {"action": "role", "membership": own.pk, "role": "viewer"}).content.decode()
+    # Said above the table, not under the add form's role, which keeps its own default.
+    assert '<div class="form-error" role="alert"><p>alice is the last owner of team-a.</p></div>' in demoted
+    assert 'id="role-error"' not in demoted and '<option value="member" selected>' in demoted.split('id="id_role"')[1]
     nobody = alice.post(URL, {"action": "add", "username": "nobody", "role": "member"})
     assert nobody.status_code == 400 and "No active user is named &#x27;nobody&#x27;." in nobody.content.decode()
     assert Membership.objects.filter(pk=own.pk, role=Role.OWNER).exists()

@@ -19,7 +19,8 @@ def test_a_profile_larger_than_the_quota_is_shown_disabled_with_the_reason(world
     card = re.search(r'<label class="card card-disabled" data-profile="gpu-8">.*?</label>', page, re.S)
     assert card, page
     assert re.search(r'<input type="radio" name="profile" value="gpu-8"\s+disabled', card.group(0))
-    assert "Not available here: This asks for 8 h100 GPUs; workspace team-a can never hold more than 4" in card.group(0)
+    reason = "This asks for 8 h100 GPUs; workspace team-a can never hold more than 4"  # the launch's own words
+    assert f"Not available here.</strong> {reason}" in card.group(0)
     fits = re.search(r'<label class="card" data-profile="gpu-1">.*?</label>', page, re.S)
     assert fits and "disabled" not in fits.group(0)
 
