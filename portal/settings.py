@@ -314,7 +314,7 @@ REST_FRAMEWORK = {
     # Token first: a request without credentials gets 401 with `WWW-Authenticate: Token`, as
     # HTTP asks, rather than the 403 the session class would give. Both are tried either way.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "apps.accounts.authentication.PortalTokenAuthentication",  # a user's token, or a workload's
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

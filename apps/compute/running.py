@@ -35,6 +35,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.accounts.tokens import workload_env
 from apps.audit.actions import do_log_event
 from apps.compute import proxy
 from apps.compute.models import Instance, Notebook
@@ -78,6 +79,7 @@ def _instance_spec(instance: Instance) -> InstanceSpec:
         memory_gb=float(instance.memory_gb),
         users=sorted(members),
         run_as=run_as_for(instance.workspace, instance.cluster),
+        portal_env=workload_env(instance),
     )
 
 
@@ -104,6 +106,7 @@ def _notebook_spec(notebook: Notebook) -> NotebookSpec:
         instance_state=dict(instance.backend_state.get("run", {})),
         auth_url=notebook_auth_url(notebook),
         run_as=run_as_for(notebook.workspace, instance.cluster),
+        portal_env=workload_env(notebook),
     )
 
 

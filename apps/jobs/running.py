@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.tokens import workload_env
 from apps.audit.actions import do_log_event
 from apps.inventory.models import Allocation
 from apps.jobs.models import Artifact, Job, JobAttempt
@@ -58,6 +59,7 @@ def _spec(job: Job) -> JobSpec:
         max_runtime_s=float(job.max_runtime_s) if job.max_runtime_s else None,
         artifact_paths=list(job.artifact_paths),
         run_as=run_as_for(job.workspace, job.cluster),
+        portal_env=workload_env(job),  # the SDK and CLI work in the job, acting for its submitter
     )
 
 

@@ -2,6 +2,9 @@
 
 Every queryset of tenant data passes through `restrict()`. Objects outside it are simply not
 found (404), so a user learns nothing about other tenants' objects.
+
+A workload's token (apps/accounts/tokens.py) presents its user scoped to one workspace
+(`workspace_scope`): there, the user's own role (an owner's, for a platform admin); elsewhere, none.
 """
 
 from __future__ import annotations
@@ -25,15 +28,25 @@ def _roles_at_least(role: str) -> list[str]:
     return [r for r, rank in ROLE_RANK.items() if rank >= ROLE_RANK[Role(role)]]
 
 
+def _scope(user: Any) -> int | None:
+    """The one workspace a workload's token may act in, or None for a user's own credentials."""
+    return getattr(user, "workspace_scope", None)
+
+
 def workspace_ids(user: Any, role: str = VIEW) -> QuerySet[Workspace]:
     """A subquery of the ids of the workspaces where `user` holds at least `role`."""
     if not getattr(user, "is_authenticated", False):
         return Workspace.objects.none().values("pk")
+    scope = _scope(user)
+    if scope is not None and getattr(user, "owner_in_scope", False):
+        return Workspace.objects.filter(pk=scope).values("pk")
     if user.is_staff:
         return Workspace.objects.values("pk")
     granted = Q(memberships__user=user, memberships__role__in=_roles_at_least(role)) | Q(assigned_user=user)
     if ROLE_RANK[Role(role)] <= ROLE_RANK[Role.MEMBER]:
         granted |= Q(assigned_group__in=user.groups.all())
+    if scope is not None:
+        granted &= Q(pk=scope)
     return Workspace.objects.filter(granted).values("pk")
 
 
@@ -56,8 +69,14 @@ def roles_in(user: Any, ids: Iterable[int]) -> dict[int, str | None]:
     held: dict[int, set[str]] = {pk: set() for pk in ids}
     if not getattr(user, "is_authenticated", False):
         return dict.fromkeys(held)
+    scope = _scope(user)
+    if scope is not None and getattr(user, "owner_in_scope", False):
+        return {pk: Role.OWNER if pk == scope else None for pk in held}
     if user.is_staff:
         return dict.fromkeys(held, Role.OWNER)
+    asked = list(held)
+    if scope is not None:
+        held = {pk: roles for pk, roles in held.items() if pk == scope}
     for pk, role in Membership.objects.filter(user=user, workspace_id__in=held).values_list("workspace_id", "role"):
         held[pk].add(role)
     groups = set(user.groups.values_list("pk", flat=True))
@@ -67,7 +86,8 @@ def roles_in(user: Any, ids: Iterable[int]) -> dict[int, str | None]:
             held[pk].add(Role.OWNER)
         elif assigned_group in groups:
             held[pk].add(Role.MEMBER)
-    return {pk: max(roles, key=lambda r: ROLE_RANK[Role(r)]) if roles else None for pk, roles in held.items()}
+    strongest = {pk: max(roles, key=lambda r: ROLE_RANK[Role(r)]) if roles else None for pk, roles in held.items()}
+    return {pk: strongest.get(pk) for pk in asked}
 
 
 def can(user: Any, workspace: Workspace, role: str) -> bool:

@@ -31,6 +31,13 @@ HOST = ko.KubeSettings(ingress_mode="host", ingress_host="nb.example.org", ingre
 PATH = ko.KubeSettings(ingress_mode="path", ingress_host="portal.example.org")
 
 
+PORTAL_ENV = {
+    "GPUPORTAL_URL": "https://portal.example.org",
+    "GPUPORTAL_WORKSPACE": "vision",
+    "GPUPORTAL_TOKEN": "gpw_job_7_" + "ab" * 32,
+}
+
+
 def _job(name: str = "train", replicas: int = 4, size: ko.Size = WHOLE, **kwargs: Any) -> ko.GangJob:
     return ko.GangJob(
         name=name, image="pytorch/pytorch:2.5.1", command="python train.py", size=size, replicas=replicas, **kwargs
@@ -83,6 +90,12 @@ def every_manifest() -> list[tuple[str, dict[str, Any]]]:
         cases += [(f"notebook-with-token-{owner_id}-{o['kind']}", o) for o in with_token]
         asks = _job(service_account="default")
         cases += [(f"job-with-token-{owner_id}-{o['kind']}", o) for o in ko.job_objects(jobs_owner, asks, SHARED)]
+        sdk = _job(env={"GPUPORTAL_TOKEN": "mine"}, portal_env=PORTAL_ENV)
+        cases += [(f"job-with-portal-env-{owner_id}-{o['kind']}", o) for o in ko.job_objects(jobs_owner, sdk, SHARED)]
+        with_portal_env = ko.notebook_objects(
+            owner, "lab", image="img", size=NO_GPU, token="t", settings=HOST, portal_env=PORTAL_ENV
+        )
+        cases += [(f"notebook-with-portal-env-{owner_id}-{o['kind']}", o) for o in with_portal_env]
         ids = ko.KubeSettings(pod_run_as_user=4242, pod_run_as_group=4343, pod_fs_group=4444)
         cases += [(f"ids-{owner_id}-{o['kind']}", o) for o in ko.namespace_objects(owner, PROFILE, ["alice"], ids)]
         cases.append((f"ids-job-{owner_id}", ko.job(owner, _job(), ids)))
@@ -439,3 +452,40 @@ def test_a_given_namespace_and_base_url_are_used_as_they_are() -> None:
     stateful_set, ingress = objs[2], objs[3]
     assert "--ServerApp.base_url=/x/lab/" in stateful_set["spec"]["template"]["spec"]["containers"][0]["command"]
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] == "/x/lab/"
+
+
+def _container_env(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    workload = next(o for o in objects if o["kind"] == kind)
+    containers: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
+    return [var for container in containers for var in container["env"]]
+
+
+@pytest.mark.parametrize("kind", ["Job", "StatefulSet"])
+def test_a_workloads_portal_credential_is_read_from_a_secret_never_written_in_its_pods(kind: str) -> None:
+    if kind == "Job":
+        objects = ko.job_objects(
+            OWNER, _job(env={"GPUPORTAL_TOKEN": "mine", "EPOCHS": "3"}, portal_env=PORTAL_ENV), SHARED
+        )
+    else:
+        objects = ko.notebook_objects(
+            OWNER, "lab", image="img", size=NO_GPU, token="t", settings=HOST, portal_env=PORTAL_ENV
+        )
+    env = {var["name"]: var for var in _container_env(objects, kind)}
+    assert env["GPUPORTAL_URL"] == {"name": "GPUPORTAL_URL", "value": "https://portal.example.org"}
+    assert env["GPUPORTAL_WORKSPACE"]["value"] == "vision"
+    ref = env["GPUPORTAL_TOKEN"]["valueFrom"]["secretKeyRef"]  # the portal's, not the job's own variable
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == ref["name"])
+    assert secret["stringData"][ref["key"]] == PORTAL_ENV["GPUPORTAL_TOKEN"]
+    # Created before the pods that read it, and nowhere else in plain text.
+    assert objects.index(secret) < objects.index(next(o for o in objects if o["kind"] == kind))
+    for obj in objects:
+        if obj is not secret:
+            assert PORTAL_ENV["GPUPORTAL_TOKEN"] not in json.dumps(obj), obj["kind"]
+    if kind == "Job":
+        assert [v["name"] for v in _container_env(objects, kind)].count("GPUPORTAL_TOKEN") == 1
+
+
+def test_a_workload_without_a_portal_credential_gets_no_secret_for_it() -> None:
+    objects = ko.job_objects(OWNER, _job(portal_env={"GPUPORTAL_URL": "https://portal.example.org"}), SHARED)
+    assert [o["kind"] for o in objects] == ["Service", "Job"]
+    assert "GPUPORTAL_TOKEN" not in {var["name"] for var in _container_env(objects, "Job")}

@@ -50,6 +50,9 @@ class JobSpec:
     ``max_runtime_s`` of ``None`` means no limit. ``run_as`` is the workspace's own Unix account
     (``None``: the portal's own user, in a user namespace where the backend sandboxes).
     ``service_account_token``: on Kubernetes, mount a service-account token into the pods (off: none).
+    ``portal_env``: what lets the workload use the portal's SDK and CLI at once (``GPUPORTAL_URL``,
+    ``GPUPORTAL_WORKSPACE``, and ``GPUPORTAL_TOKEN``, a secret: see :data:`PORTAL_ENV_SECRET`), set
+    after ``env``, so that a job's own variables cannot replace them.
     """
 
     key: str
@@ -67,6 +70,7 @@ class JobSpec:
     artifact_paths: list[str] = field(default_factory=list)
     run_as: RunAs | None = None
     service_account_token: bool = False
+    portal_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,7 +79,7 @@ class InstanceSpec:
 
     ``kind`` is the compute profile's kind (``slice``, ``namespace``, ``vcluster``, ``dedicated``);
     ``devices`` the GPU indices it holds (its notebooks run on them); ``users`` the usernames that
-    may use it (the Kubernetes backend binds them to its namespace).
+    may use it (the Kubernetes backend binds them to its namespace); ``portal_env`` as for a job.
     """
 
     key: str
@@ -90,6 +94,7 @@ class InstanceSpec:
     memory_gb: float = 1.0
     users: list[str] = field(default_factory=list)
     run_as: RunAs | None = None
+    portal_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +108,7 @@ class NotebookSpec:
     its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say).
     ``auth_url`` is where the server asks the portal whether a request's user may pass.
     ``service_account_token``: on Kubernetes, mount a service-account token into the pod (off: none).
+    ``portal_env`` as for a job: its kernels and terminals have the SDK and CLI at once.
     """
 
     key: str
@@ -120,7 +126,12 @@ class NotebookSpec:
     auth_url: str = ""
     run_as: RunAs | None = None
     service_account_token: bool = False
+    portal_env: dict[str, str] = field(default_factory=dict)
 
+
+#: The variable of ``portal_env`` that is a credential: it reaches a workload through its
+#: environment only (never a command line, a manifest's plain value or a log).
+PORTAL_ENV_SECRET = "GPUPORTAL_TOKEN"
 
 Spec = JobSpec | InstanceSpec | NotebookSpec
 

@@ -452,6 +452,7 @@ class KubernetesBackend(Backend):
             settings=self.settings,
             base_url=spec.base_url or None,
             service_account=self._notebook_service_account(spec),
+            portal_env=spec.portal_env,
         )
         self._begin(spec, "notebook", namespace, manifests, stateful_set=ko.notebook_name(spec.name))
         for manifest in manifests:
@@ -497,6 +498,7 @@ class KubernetesBackend(Backend):
             max_runtime_s=math.ceil(spec.max_runtime_s) if spec.max_runtime_s else None,
             # The jobs namespace has no account of the portal's: a job that asks gets its namespace's default one.
             service_account="default" if spec.service_account_token else None,
+            portal_env=spec.portal_env,
         )
         try:
             namespace_manifests = ko.jobs_namespace_objects(spec.workspace, self.settings)

@@ -47,6 +47,10 @@ LABEL_NAME = "gpuportal.io/name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JUPYTER_PORT = 8888
 TOKEN_KEY = "token"
+# A workload's portal credential (GPUPORTAL_TOKEN of its portal_env) is kept in a Secret under this key, and
+# its other GPUPORTAL_* variables are plain values.
+PORTAL_TOKEN_KEY = "portal-token"
+PORTAL_TOKEN_ENV = "GPUPORTAL_TOKEN"
 GANG_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX")
 
 # Pod Security Admission: the level every namespace enforces, audits and warns about.
@@ -186,6 +190,10 @@ def notebook_name(notebook: str) -> str:
 
 def notebook_token_secret_name(notebook: str) -> str:
     return dns_name("nb", notebook, "token")
+
+
+def job_portal_secret_name(job: str) -> str:
+    return dns_name("job", job, "portal")
 
 
 def job_name(job: str) -> str:
@@ -508,7 +516,25 @@ def notebook_url(owner: Owner, notebook: str, settings: KubeSettings, base_url: 
     return f"{scheme}://{host}{base_url or notebook_base_url(owner, notebook)}"
 
 
-def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: KubeSettings) -> Manifest:
+def portal_env_vars(portal_env: Mapping[str, str] | None, secret: str) -> list[dict[str, Any]]:
+    """A container's GPUPORTAL_* variables (its SDK's URL, workspace and credential): the credential read from
+    the Secret `secret` (under PORTAL_TOKEN_KEY), never a plain value in a manifest."""
+    token_ref = {"secretKeyRef": {"name": secret, "key": PORTAL_TOKEN_KEY}}
+    return [
+        {"name": key, "valueFrom": token_ref} if key == PORTAL_TOKEN_ENV else {"name": key, "value": value}
+        for key, value in sorted((portal_env or {}).items())
+    ]
+
+
+def _portal_token_data(portal_env: Mapping[str, str] | None) -> dict[str, str]:
+    token = (portal_env or {}).get(PORTAL_TOKEN_ENV)
+    return {PORTAL_TOKEN_KEY: token} if token else {}
+
+
+def notebook_token_secret(
+    owner: Owner, notebook: str, token: str, settings: KubeSettings, portal_env: Mapping[str, str] | None = None
+) -> Manifest:
+    """The notebook server's token, and its portal credential where it has one."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -518,12 +544,18 @@ def notebook_token_secret(owner: Owner, notebook: str, token: str, settings: Kub
             portal_labels(owner, "notebook", notebook),
             namespace_name(owner, settings),
         ),
-        "stringData": {TOKEN_KEY: token},
+        "stringData": {TOKEN_KEY: token, **_portal_token_data(portal_env)},
     }
 
 
 def _notebook_container(
-    owner: Owner, notebook: str, image: str, size: Size, settings: KubeSettings, base_url: str | None
+    owner: Owner,
+    notebook: str,
+    image: str,
+    size: Size,
+    settings: KubeSettings,
+    base_url: str | None,
+    portal_env: Mapping[str, str] | None = None,
 ) -> Manifest:
     base_url = base_url or notebook_base_url(owner, notebook)
     token_ref = {"secretKeyRef": {"name": notebook_token_secret_name(notebook), "key": TOKEN_KEY}}
@@ -541,7 +573,10 @@ def _notebook_container(
             "--ServerApp.default_url=/lab",  # the Jupyter images have JupyterLab: open it
             "--ServerApp.trust_xheaders=True",
         ],
-        "env": [{"name": "JUPYTER_TOKEN", "valueFrom": token_ref}],
+        "env": [
+            {"name": "JUPYTER_TOKEN", "valueFrom": token_ref},
+            *portal_env_vars(portal_env, notebook_token_secret_name(notebook)),
+        ],
         "ports": [{"name": "http", "containerPort": JUPYTER_PORT}],
         "resources": container_resources(size, settings),
         # /api answers without a token once the server is up.
@@ -557,15 +592,16 @@ def notebook_stateful_set(
     settings: KubeSettings,
     base_url: str | None = None,
     service_account: str | None = None,
+    portal_env: Mapping[str, str] | None = None,
 ) -> Manifest:
     """One Jupyter server pod; a StatefulSet so a deleted pod comes back with the same name and DNS.
 
     `base_url` is where the server is served (default: `notebook_base_url`). The pod mounts the token of
-    `service_account` where one is named, and no token otherwise.
+    `service_account` where one is named, and no token otherwise. `portal_env`: its GPUPORTAL_* variables.
     """
     name, labels = notebook_name(notebook), portal_labels(owner, "notebook", notebook)
     pod_spec = restricted_pod_spec(
-        [_notebook_container(owner, notebook, image, size, settings, base_url)],
+        [_notebook_container(owner, notebook, image, size, settings, base_url, portal_env)],
         settings,
         service_account=service_account,
         **_pod_placement(size, settings),
@@ -627,15 +663,17 @@ def notebook_objects(
     settings: KubeSettings,
     base_url: str | None = None,
     service_account: str | None = None,
+    portal_env: Mapping[str, str] | None = None,
 ) -> list[Manifest]:
     """A notebook, in the order to create it (the token Secret before the pod that reads it).
 
     `service_account`: the account whose token the notebook's pod mounts; None (the default) mounts none.
+    `portal_env`: the notebook's GPUPORTAL_* variables, its portal credential kept in the token Secret.
     """
     return [
-        notebook_token_secret(owner, notebook, token, settings),
+        notebook_token_secret(owner, notebook, token, settings, portal_env),
         notebook_service(owner, notebook, settings),
-        notebook_stateful_set(owner, notebook, image, size, settings, base_url, service_account),
+        notebook_stateful_set(owner, notebook, image, size, settings, base_url, service_account, portal_env),
         notebook_ingress(owner, notebook, settings, base_url),
     ]
 
@@ -648,6 +686,7 @@ class GangJob:
     """A job as the portal admitted it: `replicas` pods of `size` each, all started together.
 
     `service_account` is the account whose token its pods mount; None (the default) mounts none.
+    `portal_env`: its GPUPORTAL_* variables (set over `env`), its portal credential kept in a Secret of its own.
     """
 
     name: str
@@ -658,6 +697,7 @@ class GangJob:
     env: Mapping[str, str] | None = None
     max_runtime_s: int | None = None
     service_account: str | None = None
+    portal_env: Mapping[str, str] | None = None
 
 
 def master_address(job: str) -> str:
@@ -669,10 +709,12 @@ def _gang_env(spec: GangJob, settings: KubeSettings) -> list[dict[str, Any]]:
     reserved = sorted(set(spec.env or {}) & set(GANG_ENV))
     if reserved:
         raise UnsupportedRequest(f"these environment variables are set by the portal: {', '.join(reserved)}")
-    user = [{"name": key, "value": value} for key, value in sorted((spec.env or {}).items())]
+    portal = spec.portal_env or {}
+    user = [{"name": key, "value": value} for key, value in sorted((spec.env or {}).items()) if key not in portal]
     index_ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}}
     return [
         *user,
+        *portal_env_vars(portal, job_portal_secret_name(spec.name)),
         {"name": "RANK", "valueFrom": index_ref},
         {"name": "WORLD_SIZE", "value": str(spec.replicas)},
         {"name": "MASTER_ADDR", "value": master_address(spec.name)},
@@ -740,9 +782,24 @@ def job_service(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest
     }
 
 
+def job_portal_secret(owner: Owner, spec: GangJob, settings: KubeSettings) -> Manifest:
+    """The job's portal credential, which its pods read into GPUPORTAL_TOKEN."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": object_meta(
+            job_portal_secret_name(spec.name), portal_labels(owner, "job", spec.name), namespace_name(owner, settings)
+        ),
+        "stringData": _portal_token_data(spec.portal_env),
+    }
+
+
 def job_objects(owner: Owner, spec: GangJob, settings: KubeSettings) -> list[Manifest]:
-    """A job, in the order to create it (the Service first, so DNS exists before any pod)."""
-    return [job_service(owner, spec, settings), job(owner, spec, settings)]
+    """A job, in the order to create it (its credential's Secret and the Service first, so that they exist
+    before any pod)."""
+    secret = [job_portal_secret(owner, spec, settings)] if _portal_token_data(spec.portal_env) else []
+    return [*secret, job_service(owner, spec, settings), job(owner, spec, settings)]
 
 
 def jobs_namespace_objects(workspace: str, settings: KubeSettings) -> list[Manifest]:

@@ -46,8 +46,8 @@ from workers.backends.base import (
     Status,
 )
 from workers.backends.files import dirs_between, open_inside, prepare_dir
-from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, wait_answering
-from workers.backends.pyenv import ensure_env
+from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
+from workers.backends.pyenv import ensure_env, ensure_sdk_env
 from workers.backends.sandbox import Sandbox, check_available
 
 STATE_VERSION = 1
@@ -91,8 +91,11 @@ class LocalBackend(Backend):
     ``poll()`` tears a gang down or enforces ``max_runtime_s``. Failed replicas and the runtime
     limit are acted on at ``poll()``: the caller's reconcile loop is the watchdog.
 
-    Jobs get a clean environment (PATH, LANG, HOME = the job directory, the spec's env and the
-    rendezvous variables), never the worker's own, which holds the portal's secrets.
+    Jobs get a clean environment (PATH, LANG, HOME = the job directory, the spec's env, its
+    ``portal_env`` and the rendezvous variables), never the worker's own, which holds the portal's
+    secrets. The variables reach a sandbox through a file descriptor, never a command line. With
+    ``env_root``, PATH starts with a Python environment's ``bin`` (workers/backends/pyenv.py): a
+    notebook's own, or, for jobs and instances, the SDK's, so ``python`` and ``gpuportal`` work at once.
 
     ``sandbox`` is ``"bwrap"`` (every workload in a bubblewrap sandbox; a start fails, saying
     why, where bubblewrap cannot run) or ``"off"`` (the explicit opt-out of a single-user
@@ -124,6 +127,7 @@ class LocalBackend(Backend):
         self.device_root = device_root
         self.run_dir = run_dir or os.path.join(tempfile.gettempdir(), f"gpuportal-run-{os.geteuid()}")
         self._read_only: list[str] = []
+        self._environment: Path | None = None
         self.inventory = inventory
         self.cgroup_root = cgroup_root
         self.teardown_grace_s = teardown_grace_s
@@ -164,6 +168,15 @@ class LocalBackend(Backend):
             return self._start_instance(spec)
         if isinstance(spec, NotebookSpec):
             return self._start_notebook(spec)
+        return self._start_job(spec, self._sdk_environment())
+
+    def _sdk_environment(self) -> Path | None:
+        """The SDK's environment for jobs and instances (built once), where environments are kept."""
+        return ensure_sdk_env(Path(self.env_root)) if self.env_root else None
+
+    def _start_job(self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = ()) -> Endpoint:
+        """Start the replicas of ``spec`` with ``environment``'s ``bin`` first on their PATH; it and
+        ``read_only`` are bound read-only into the sandbox: no workload writes into them."""
         if self._state:
             if self._state.get("key") == spec.key and self._alive_ranks():
                 return self._endpoint()
@@ -171,6 +184,8 @@ class LocalBackend(Backend):
         validate_spec(spec)
         if self.sandbox == "bwrap":
             check_available()
+        self._environment = environment
+        self._read_only = [*([str(environment)] if environment is not None else []), *read_only]
         workspace_dir = self._workspace_dir(spec)
         prepare_dir(workspace_dir, spec.run_as, mode=0o700)
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
@@ -207,7 +222,7 @@ class LocalBackend(Backend):
     def _start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is its directory and a process group holding its GPU slice (and its cgroup,
         where the kernel allows one): the directory outlives it, its notebooks run beside it."""
-        endpoint = self.start(instance_job(spec))
+        endpoint = self._start_job(instance_job(spec), self._sdk_environment())
         self._state["kind"] = "instance"
         return endpoint
 
@@ -220,8 +235,7 @@ class LocalBackend(Backend):
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
         server = notebook_job(spec, env, ip="127.0.0.1")
-        self._read_only = [str(env), str(IDENTITY_MODULES)]  # read-only: no kernel writes into them
-        endpoint = self.start(server)
+        endpoint = self._start_job(server, env, read_only=(str(IDENTITY_MODULES),))
         self._state["kind"] = "notebook"
         try:
             wait_answering(
@@ -279,6 +293,8 @@ class LocalBackend(Backend):
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update(spec.env)
+        env["PATH"] = search_path(self._environment, env["PATH"])
+        env.update(spec.portal_env)
         env.update(
             HOME=str(job_dir),
             PYTHONUNBUFFERED="1",

@@ -2,7 +2,12 @@
 
 An instance is a holder (``sleep infinity``) with the instance's GPUs; a notebook a Jupyter server
 from the profile's environment, at the root of the notebook's own host name behind the proxy,
-letting in whom the portal allows (see workers/notebook). Both are then started as one-replica jobs."""
+letting in whom the portal allows (see workers/notebook). Both are then started as one-replica jobs,
+with their ``portal_env``.
+
+Every process a backend starts has a Python environment's ``bin`` first on its PATH (the
+notebook's, or the SDK's own for jobs and instances: workers/backends/pyenv.py), so that
+``python``, ``pip`` and the ``gpuportal`` CLI are that environment's."""
 
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ def instance_job(spec: InstanceSpec) -> JobSpec:
         cpu_cores=spec.cpu_cores,
         memory_gb=spec.memory_gb,
         run_as=spec.run_as,
+        portal_env=dict(spec.portal_env),
     )
 
 
@@ -74,7 +80,13 @@ def notebook_job(spec: NotebookSpec, env_dir: Path, *, ip: str) -> JobSpec:
         cpu_cores=spec.cpu_cores,
         memory_gb=spec.memory_gb,
         run_as=spec.run_as,
+        portal_env=dict(spec.portal_env),
     )
+
+
+def search_path(environment: Path | None, path: str) -> str:
+    """``path`` (a PATH value) with the environment's ``bin`` first, where there is one."""
+    return f"{environment}/bin:{path}" if environment is not None else path
 
 
 def wait_answering(url: str, *, alive: Callable[[], bool], log_tail: Callable[[], str], timeout_s: float) -> None:

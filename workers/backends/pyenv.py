@@ -1,14 +1,21 @@
-"""Python environments for notebooks: one virtualenv per package list, built once and cached.
+"""Python environments for workloads: one virtualenv per package list, built once and cached.
 
-An environment lives in ``<root>/<digest>/`` where the digest names the Python version and the
-sorted requirements, so every notebook of a profile shares one. It is built in a temporary
-directory under a file lock and renamed into place once complete: a worker that dies mid-build
-leaves no half-made environment behind, and two workers never build the same one twice.
+A notebook's environment lives in ``<root>/<digest>/`` where the digest names the Python version,
+the sorted requirements and the portal's SDK, so every notebook of a profile shares one. Jobs and
+instances get the SDK's own environment, ``<root>/sdk-<digest>/``: the SDK on top of the Python's
+own packages. Every environment has the portal's SDK and CLI (the ``gpuportal`` package, installed
+from this checkout's ``sdk/``), so that a workload can drive the portal at once with the
+``GPUPORTAL_*`` variables its backend sets.
+
+An environment is built in a temporary directory under a file lock and renamed into place once
+complete: a worker that dies mid-build leaves no half-made environment behind, and two workers
+never build the same one twice.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import re
@@ -26,20 +33,25 @@ JUPYTERLAB = "jupyterlab==4.4.10"
 JUPYTER_SERVER = "jupyter_server==2.21.1"
 IPYKERNEL = "ipykernel==7.4.0"
 BUILD_TIMEOUT_S = 1800.0
+#: The portal's SDK and CLI, installed from source into every environment.
+SDK_SOURCE = Path(__file__).resolve().parents[2] / "sdk"
+SDK_NAME = "gpuportal"
 
 _REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\[\],-]*\s*([<>=!~]=?\s*[A-Za-z0-9.*+!-]+\s*,?\s*)*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def requirements_for(packages: list[str]) -> list[str]:
-    """The profile's requirements plus the Jupyter server and kernel; refuses anything but
-    plain requirement specifiers (no pip options, URLs or paths)."""
+    """The profile's requirements plus JupyterLab (or the Jupyter server) and a kernel; refuses
+    anything but plain requirement specifiers (no pip options, URLs or paths). A ``gpuportal``
+    entry is dropped: the portal installs its own SDK, the version of its own checkout."""
     wanted: list[str] = []
     for package in packages:
         package = str(package).strip()
         if not package or not _REQUIREMENT_RE.match(package):
             raise PolicyRefusal(f"{package!r} is not a package requirement such as 'pandas' or 'numpy==2.1.0'")
-        wanted.append(package)
+        if _canonical(package) != SDK_NAME:
+            wanted.append(package)
     names = {_canonical(p) for p in wanted}
     if not names & {"jupyterlab", "notebook"}:
         wanted.append(JUPYTERLAB)
@@ -66,11 +78,36 @@ def _canonical(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower() if match else requirement
 
 
-def env_digest(requirements: list[str], python: str = sys.executable) -> str:
-    version = subprocess.run(
+@functools.lru_cache(maxsize=8)
+def _python_version(python: str) -> str:
+    return subprocess.run(
         [python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    blob = json.dumps({"python": version, "requirements": sorted(requirements)})
+
+
+def sdk_version() -> str:
+    """The version of the SDK in this checkout (``gpuportal.__version__``)."""
+    match = re.search(r'^__version__ = "([^"]+)"', (SDK_SOURCE / SDK_NAME / "__init__.py").read_text(), re.M)
+    if match is None:
+        raise BackendError(f"no __version__ in {SDK_SOURCE / SDK_NAME / '__init__.py'}", permanent=True)
+    return match.group(1)
+
+
+def sdk_digest() -> str:
+    """A digest of the SDK's sources: an environment is built again whenever they change, so
+    that it always holds the SDK of this checkout, even between two releases."""
+    digest = hashlib.sha256()
+    files = [SDK_SOURCE / "pyproject.toml", *sorted((SDK_SOURCE / SDK_NAME).rglob("*"))]
+    for path in files:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(f"{path.relative_to(SDK_SOURCE).as_posix()}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def env_digest(requirements: list[str], python: str = sys.executable) -> str:
+    """The name of the environment of ``requirements`` (and the SDK of this checkout) for ``python``."""
+    blob = json.dumps({"python": _python_version(python), "requirements": sorted(requirements), "sdk": sdk_digest()})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -80,13 +117,25 @@ def env_is_built(packages: list[str], root: Path, python: str = sys.executable) 
 
 
 def ensure_env(packages: list[str], root: Path, python: str = sys.executable) -> Path:
-    """Return the directory of a virtualenv holding ``packages`` and a Jupyter server, building it
-    if it is not there yet. ``BackendError`` (transient) if pip fails, with its last lines."""
+    """Return the directory of a virtualenv holding ``packages``, JupyterLab and the portal's SDK,
+    building it if it is not there yet. ``BackendError`` (transient) if pip fails, with its last lines."""
     requirements = requirements_for(packages)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / env_digest(requirements, python)
+    return _ensure(root / env_digest(requirements, python), python, requirements, system_site_packages=False)
+
+
+def ensure_sdk_env(root: Path, python: str = sys.executable) -> Path:
+    """Return the directory of the SDK's own virtualenv, for jobs and instances: the portal's SDK
+    and CLI on top of the packages of ``python`` itself (``--system-site-packages``), so that a
+    job's ``python`` still sees what the machine has installed. Built once, like ``ensure_env``."""
+    target = root / f"sdk-{env_digest(['--system-site-packages'], python)}"
+    return _ensure(target, python, [], system_site_packages=True)
+
+
+def _ensure(target: Path, python: str, requirements: list[str], *, system_site_packages: bool) -> Path:
     if (target / ".ready").exists():
         return target
+    root = target.parent
+    root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building it: wait for it
         if (target / ".ready").exists():
@@ -95,10 +144,13 @@ def ensure_env(packages: list[str], root: Path, python: str = sys.executable) ->
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
         try:
-            _run([python, "-m", "venv", str(building)])
+            _run([python, "-m", "venv", *(["--system-site-packages"] if system_site_packages else []), str(building)])
             pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            _run([*pip, *requirements])
-            (building / "requirements.txt").write_text("\n".join(requirements) + "\n")
+            # One resolution for the profile's packages and the SDK's, so that they agree.
+            _run([*pip, *requirements, str(SDK_SOURCE)])
+            installed = [*requirements, f"{SDK_NAME}=={sdk_version()}"]
+            (building / "requirements.txt").write_text("\n".join(installed) + "\n")
+            _point_scripts_at(building, target)
             _readable_by_all(building)
             (building / ".ready").write_text("")
             building.rename(target)
@@ -106,6 +158,18 @@ def ensure_env(packages: list[str], root: Path, python: str = sys.executable) ->
             shutil.rmtree(building, ignore_errors=True)
             raise
     return target
+
+
+def _point_scripts_at(building: Path, target: Path) -> None:
+    """pip writes the path of the environment it installs into in its scripts' first lines
+    (``gpuportal``, ``jupyter``, ``pip``): make them the path the environment is renamed to."""
+    old, new = str(building).encode(), str(target).encode()
+    for script in (building / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        text = script.read_bytes()
+        if old in text:
+            script.write_bytes(text.replace(old, new))
 
 
 def _readable_by_all(root: Path) -> None:
@@ -125,9 +189,7 @@ def _run(argv: list[str]) -> None:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise BackendError(
-            f"building the notebook environment timed out: {' '.join(argv[:4])}", permanent=False
-        ) from exc
+        raise BackendError(f"building the Python environment timed out: {' '.join(argv[:4])}", permanent=False) from exc
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise BackendError(f"building the notebook environment failed: {tail}", permanent=False)
+        raise BackendError(f"building the Python environment failed: {tail}", permanent=False)

@@ -46,8 +46,8 @@ from workers.backends.base import (
 )
 from workers.backends.files import check_reachable, dirs_between, prepare_dir, write_new_file
 from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
-from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, wait_answering
-from workers.backends.pyenv import ensure_env
+from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
+from workers.backends.pyenv import ensure_env, ensure_sdk_env
 
 STATE_VERSION = 1
 TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
@@ -231,6 +231,7 @@ class SlurmBackend(Backend):
         self.python = python or sys.executable
         self._state: dict[str, Any] = {}
         self._extra_files: dict[str, str] = {}  # written under the job's .portal/ at start
+        self._environment: Path | None = None  # its bin first on the job's PATH
 
     def _run(self, argv: list[str]) -> str:
         return run_command(argv, self.command_timeout_s)
@@ -265,11 +266,20 @@ class SlurmBackend(Backend):
             return self._start_instance(spec)
         if isinstance(spec, NotebookSpec):
             return self._start_notebook(spec)
+        return self._start_job(spec, self._sdk_environment())
+
+    def _sdk_environment(self) -> Path | None:
+        """The SDK's environment for jobs and instances, built once under ``env_root`` with the
+        nodes' Python. Where the nodes cannot reach it, its ``bin`` on PATH is merely skipped."""
+        return ensure_sdk_env(Path(self.env_root), self.python) if self.env_root else None
+
+    def _start_job(self, spec: JobSpec, environment: Path | None) -> Endpoint:
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
         validate_spec(spec)
+        self._environment = environment
         run_as = spec.run_as if os.geteuid() == 0 else None
         account = self._ensure_account(spec.workspace, run_as)
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
@@ -375,7 +385,7 @@ class SlurmBackend(Backend):
 
     def _start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
-        endpoint = self.start(instance_job(spec))
+        endpoint = self._start_job(instance_job(spec), self._sdk_environment())
         self._state["kind"] = "instance"
         return endpoint
 
@@ -402,7 +412,7 @@ class SlurmBackend(Backend):
                 f"identity/{module.name}": module.read_text() for module in sorted(IDENTITY_MODULES.glob("*.py"))
             }
             server.env["PYTHONPATH"] = str(identity)
-        self.start(server)
+        self._start_job(server, env)
         self._state["kind"] = "notebook"
         self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
         endpoint = self._notebook_endpoint()
@@ -428,9 +438,11 @@ class SlurmBackend(Backend):
         return match.group(1) if match else node
 
     def _script(self, spec: JobSpec, job_dir: Path) -> str:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **spec.env}
         env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            **spec.env,
+            **env,
+            "PATH": search_path(self._environment, env["PATH"]),
+            **spec.portal_env,  # in this script, readable by the workspace's account alone (0700)
             "HOME": str(job_dir),
             "PYTHONUNBUFFERED": "1",
             "PORTAL_JOB_KEY": spec.key,
