@@ -17,3 +17,4 @@ urlpatterns = [
 ]
 
 handler404 = views.not_found
+handler500 = views.server_error

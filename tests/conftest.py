@@ -95,3 +95,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         pytest.exit("The suite runs on PostgreSQL: use deploy/test.sh, or set DATABASE_URL.", returncode=2)
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_files(settings: Any) -> None:
+    """Pages link the unhashed files: what collectstatic left in the data directory is not these tests' concern
+    (the browser tests serve the collected, hashed files)."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from django.conf import global_settings
 from django.db import connections
+from playwright.sync_api import expect
 
 from tests.leftovers import stop_everything_of
 from tests.proxy import ROOT, free_port, running_proxy
@@ -177,6 +178,7 @@ class EmbeddedSite:
     username: str
     password: str  # the admin's, as the start printed it; the admin has a workspace of the same name
     data_dir: Path
+    demo_password: str  # the demo user's (not an admin), as the start printed it
 
 
 @pytest.fixture
@@ -188,11 +190,14 @@ def embedded_portal(tmp_path: Path) -> Iterator[EmbeddedSite]:
     try:
         url = portal.wait_ready()
         password = re.search(r"Login: admin / (\S+)", "".join(portal.output))
-        assert password, "".join(portal.output)
+        demo = re.search(r"Login: demo / (\S+)", "".join(portal.output))
+        assert password and demo, "".join(portal.output)
     except BaseException:
         portal.stop()
         raise
-    yield EmbeddedSite(url=url, username="admin", password=password.group(1), data_dir=data_dir)
+    yield EmbeddedSite(
+        url=url, username="admin", password=password.group(1), data_dir=data_dir, demo_password=demo.group(1)
+    )
     assert portal.stop() == 0, "".join(portal.output[-40:])  # a clean stop, nothing left behind
 
 
@@ -219,7 +224,20 @@ def off_the_loop(action: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return pool.submit(run).result()
 
 
-def screenshot(page: Any, name: str) -> None:
-    """Keep a picture of a main page (see SCREENSHOTS)."""
+def sign_in(page: Any, url: str, username: str, password: str) -> None:
+    """Sign in on the portal's page, as a person does, and land on the overview."""
+    page.goto(f"{url}/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Welcome")
+
+
+def screenshot(page: Any, name: str, *, live: bool = True) -> None:
+    """Keep a picture of a main page (see SCREENSHOTS), as a person sees it once its live updates
+    connected (unless `live` is False: a picture of a page that lost them)."""
+    dot = page.locator("#live-status")
+    if live and dot.count():
+        expect(dot).to_have_text("Live", timeout=15_000)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)

@@ -106,7 +106,10 @@ def test_the_pages_work_under_their_policy_and_warn_that_workloads_run_unsandbox
     expect(page.locator("[data-chart-url]")).to_have_attribute("data-loaded", re.compile(r"\d+"))
     meter = page.get_by_role("meter", name="h100 GPUs in use")
     expect(meter).to_be_visible()
-    assert (meter.bounding_box() or {"width": 0})["width"] > 100
+    # Styled to its row's width (a live update may swap the dashboard's body in meanwhile: measure again).
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('meter')].some((m) => m.getBoundingClientRect().width > 100)"
+    )
 
     # A job's page follows it live: its part of the page listens for the job's own event.
     page.goto(f"{portal.url}/w/team-a/jobs/new/")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -13,7 +14,8 @@ from apps.catalog.models import NotebookProfile
 from apps.compute.models import Instance, Notebook
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
-from tests.browser.conftest import Portal, off_the_loop, screenshot
+from tests.browser.conftest import EmbeddedSite, Portal, off_the_loop, screenshot
+from tests.browser.conftest import sign_in as sign_in_as
 from tests.personas import PASSWORD, World, make_world
 
 pytestmark = pytest.mark.slow
@@ -118,6 +120,13 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal
     assert jupyter.title() == "JupyterLab"
     output = jupyter.evaluate(RUN_CELL, {"code": "print(6 * 7)"})
     assert output == "42\n"
+    # The SDK is ready in its kernel: a job submitted from it runs in the notebook's workspace.
+    sdk_cell = (
+        "from gpuportal import Client\n"
+        "job = Client.from_env().jobs.submit(name='from-the-lab', command='echo hi')\n"
+        "job.wait(timeout=45)\nprint(job.state, job.workspace)"
+    )
+    assert jupyter.evaluate(RUN_CELL, {"code": sdk_cell}) == "SUCCEEDED team-a\n"
     jupyter.close()
 
     # 5. submit a 1-GPU job and watch it go queued -> running -> succeeded, without reloading
@@ -162,6 +171,85 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal
     expect(page.locator(".flash")).to_contain_text("Instance dev-box was deleted.")
     instance.refresh_from_db()
     assert instance.state in (Instance.State.DELETING, Instance.State.DELETED)
+
+
+# A data scientist's first cell, on one line as a person would paste it.
+FIRST_CELL = (
+    "from gpuportal import Client; job = Client.from_env().jobs.submit(name='first-cell', "
+    "command='echo hello from a job'); job.wait(timeout=120); print(job.state, job.logs())"
+)
+
+
+def test_a_data_scientists_first_cell_submits_a_job_from_jupyterlab(page: Page, embedded_portal: EmbeddedSite) -> None:
+    """In the embedded default, with nothing set up by hand: the portal's "Open Jupyter" link opens
+    JupyterLab, whose first notebook cell submits a job through the SDK and sees it succeed."""
+    site = embedded_portal
+    sign_in_as(page, site.url, site.username, site.password)
+    launch_instance(page, "box", "cpu-small")
+    expect(page.locator("#instance-status [data-state]")).to_have_text("Running", timeout=LIVE_S)
+    page.get_by_role("link", name="New notebook on it").click()
+    page.get_by_label("Name").fill("lab")
+    page.get_by_label("Environment").select_option("minimal")
+    page.get_by_role("button", name="Start notebook").click()
+    expect(page.locator("#notebook-status [data-state]")).to_have_text("Ready", timeout=120_000)
+    # The notebook's page, at a desktop's and a phone's width: styled, no sideways scrolling.
+    for width, height in ((1280, 860), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(300)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), width
+        copy = page.get_by_role("button", name="Copy").bounding_box()
+        assert copy is not None and copy["height"] < 2 * copy["width"], copy  # one line, not a letter a line
+        screenshot(page, f"embedded-notebook-{width}")
+    page.set_viewport_size({"width": 1280, "height": 860})
+
+    with page.context.expect_page() as opened:
+        page.get_by_role("link", name="Open Jupyter").click()
+    jupyter = opened.value
+    expect(jupyter).to_have_title("JupyterLab", timeout=60_000)
+    assert urlsplit(jupyter.url).path == "/lab"
+    # No prompt to fetch Jupyter's news from outside: the server has the feed turned off.
+    config = jupyter.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert config["news"] == {"disabled": True}
+    notification = jupyter.evaluate(
+        "async () => (await fetch('/lab/api/settings/@jupyterlab/apputils-extension:notification')).json()"
+    )
+    assert notification["schema"]["properties"]["fetchNews"]["default"] == "false"  # so JupyterLab never asks
+    # A new notebook from JupyterLab's launcher, and the cell typed (pasted) into it and run.
+    jupyter.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+    cell = jupyter.locator(".jp-Notebook .jp-Cell").first
+    expect(jupyter.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible(timeout=60_000)
+    run_first_cell(cell)
+    output = cell.locator(".jp-OutputArea-output")
+    expect(output).to_contain_text("SUCCEEDED hello from a job", timeout=150_000)
+    screenshot(jupyter, "jupyterlab-first-cell")
+    jupyter.close()
+
+    # The job is the portal's like any other: on its jobs page, submitted by the notebook's user.
+    nav(page, "Jobs").click()
+    page.get_by_role("navigation", name="Which jobs").get_by_role("link", name="All").click()
+    expect(page.locator('[data-job="first-cell"]')).to_contain_text("Succeeded")
+
+
+def run_first_cell(cell: Locator) -> None:
+    """Paste FIRST_CELL into the cell's editor and run it (Shift+Enter), as a person would; typed
+    again if the editor was still being set up and dropped the text (the cell then never ran)."""
+    editor, prompt = cell.locator(".cm-content"), cell.locator(".jp-InputPrompt")
+    for _ in range(3):
+        expect(editor).to_be_visible(timeout=30_000)
+        editor.click()
+        expect(editor).to_be_focused()
+        cell.page.keyboard.insert_text(FIRST_CELL)
+        expect(editor).to_contain_text("Client.from_env()")
+        cell.page.keyboard.press("Shift+Enter")
+        try:  # it runs: "[*]:", then its number
+            expect(prompt).to_have_text(re.compile(r"\[(\*|\d+)\]"), timeout=10_000)
+            return
+        except AssertionError:
+            cell.page.keyboard.press("Escape")
+            editor.click()
+            cell.page.keyboard.press("Control+a")
+            cell.page.keyboard.press("Delete")
+    raise AssertionError("the first cell never ran")
 
 
 def screenshot_landing(page: Page, portal: Portal) -> None:

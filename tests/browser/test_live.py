@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
-from tests.browser.conftest import EmbeddedSite, Portal, off_the_loop, screenshot
+from tests.browser.conftest import EmbeddedSite, Portal, off_the_loop, screenshot, sign_in
 from tests.personas import PASSWORD, make_world
 
 pytestmark = pytest.mark.slow
@@ -53,14 +53,6 @@ class Setup:
     admin: tuple[str, str]
     hold: Callable[[], Any]  # takes the workspace's GPUs; returns what release needs
     release: Callable[[Any], None]
-
-
-def sign_in(page: Page, url: str, username: str, password: str) -> None:
-    page.goto(f"{url}/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_contain_text("Welcome")
 
 
 def until_running(state: Callable[[], str], timeout_s: float = 60) -> None:
@@ -127,7 +119,7 @@ def follow_a_job_live(page: Page, console: Page, setup: Setup, name: str) -> Non
     with scheduler_stopped(setup.data_dir):
         expect(page.locator("#live-status")).to_have_text("Not live", timeout=NOT_LIVE_S)
         expect(console.locator("#live-status")).to_have_text("Not live", timeout=NOT_LIVE_S)
-        screenshot(page, f"{name}-not-live")
+        screenshot(page, f"{name}-not-live", live=False)
     expect(page.locator("#live-status")).to_have_text("Live", timeout=LIVE_S)
     expect(console.locator("#live-status")).to_have_text("Live", timeout=LIVE_S)
     assert page.evaluate("window.__not_reloaded") is True

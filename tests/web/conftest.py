@@ -11,16 +11,6 @@ from django.test.utils import CaptureQueriesContext
 from tests.personas import World
 
 
-@pytest.fixture(autouse=True)
-def _plain_static_files(settings: Any) -> None:
-    """Pages link the unhashed files: what collectstatic left in the data directory is not these tests' concern
-    (the browser tests serve the collected, hashed files)."""
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 @pytest.fixture
 def signed_in(world: World) -> Callable[[Any], Client]:
     """A browser-like client signed in as the user (session cookie, CSRF checks on)."""

@@ -97,6 +97,18 @@ def test_a_job_is_cancelled_from_its_page(world: World, signed_in: SignedIn) -> 
     assert "Job big has already finished (cancelled)." in again
 
 
+def test_a_live_update_takes_the_cancel_button_away_once_the_job_ended(world: World, signed_in: SignedIn) -> None:
+    job = submit(world, "short", gpus=4)
+    alice = signed_in(world.alice)
+    url = f"/w/team-a/jobs/{job.pk}/?part=status"
+    queued = alice.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert '<div id="job-actions" hx-swap-oob="true">' in queued and "Cancel job" in queued
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED, finished_at=timezone.now())
+    ended = alice.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert '<div id="job-actions" hx-swap-oob="true">' in ended and "Cancel job" not in ended
+    assert "Cancel job" not in alice.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
+
+
 def test_gpu_use_over_time_comes_from_the_runs(world: World, committed: Any) -> None:
     with committed():
         job = submit(world, "ran", gpus=2)

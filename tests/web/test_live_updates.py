@@ -208,3 +208,22 @@ def test_a_member_cannot_listen_to_the_console_or_another_workspace(embedded_web
         with pytest.raises(InvalidStatus) as refused:
             _socket(embedded_web, "ada", path)
         assert refused.value.response.status_code == 403, path
+
+
+def test_every_live_part_lets_the_latest_update_win() -> None:
+    """A part refreshed by live updates asks again once its request in flight is answered when a
+    newer update comes meanwhile (hx-sync "this:queue last"): htmx would otherwise drop the newer
+    trigger, and a state that changed twice within a request's time (Provisioning, then Running
+    0.2 s later) would stay on screen as the first, stale, until a reload. Queueing rather than
+    aborting keeps the browser's console free of htmx errors and the server from answering
+    requests no one reads."""
+    import re
+    from pathlib import Path
+
+    templates = Path(__file__).resolve().parents[2] / "templates"
+    parts = 0
+    for template in templates.rglob("*.html"):
+        for tag in re.findall(r"<[a-z]+[^>]*hx-trigger=\"[^\"]*live-[^>]*>", template.read_text(), re.S):
+            parts += 1
+            assert 'hx-sync="this:queue last"' in tag, (template.name, tag)
+    assert parts >= 9

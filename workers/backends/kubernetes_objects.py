@@ -571,6 +571,7 @@ def _notebook_container(
             "--no-browser",
             f"--ServerApp.base_url={base_url}",
             "--ServerApp.default_url=/lab",  # the Jupyter images have JupyterLab: open it
+            "--LabApp.news_url=None",  # no prompt about Jupyter news; nothing fetched from outside
             "--ServerApp.trust_xheaders=True",
         ],
         "env": [

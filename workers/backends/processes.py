@@ -39,6 +39,8 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
         shlex.quote(f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}"),
         # Its root opens JupyterLab, not the bare "A Jupyter Server is running" page.
         shlex.quote(f"--ServerApp.default_url={landing_path(env_dir)}"),
+        # No "get notified about Jupyter news?" prompt: the server fetches nothing from outside.
+        "--LabApp.news_url=None",
         # Bound to the node behind the portal's proxy, which keeps the browser's Host header.
         "--ServerApp.allow_remote_access=True",
         # Every request is the portal's to allow (workers/notebook): the server's token, or the

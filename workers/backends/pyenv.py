@@ -14,6 +14,7 @@ never build the same one twice.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -131,8 +132,26 @@ def ensure_sdk_env(root: Path, python: str = sys.executable) -> Path:
     return _ensure(target, python, [], system_site_packages=True)
 
 
+# JupyterLab's defaults for every user of an environment (its overrides.json): no prompt asking a
+# new user whether to fetch Jupyter's news from outside, and no such fetches.
+LAB_SETTINGS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def _lab_settings(env: Path) -> None:
+    settings = env / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    if not settings.exists():
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(LAB_SETTINGS, indent=2) + "\n")
+    # Readable by every workspace's account, whatever the umask of the process that wrote it.
+    for path in (settings, *settings.parent.relative_to(env).parents, settings.parent.relative_to(env)):
+        if path != Path("."):
+            (env / path).chmod(0o755 if (env / path).is_dir() else 0o644)
+
+
 def _ensure(target: Path, python: str, requirements: list[str], *, system_site_packages: bool) -> Path:
     if (target / ".ready").exists():
+        with contextlib.suppress(OSError):  # not ours to change: JupyterLab keeps its defaults
+            _lab_settings(target)  # an environment built before it was written
         return target
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
@@ -150,6 +169,7 @@ def _ensure(target: Path, python: str, requirements: list[str], *, system_site_p
             _run([*pip, *requirements, str(SDK_SOURCE)])
             installed = [*requirements, f"{SDK_NAME}=={sdk_version()}"]
             (building / "requirements.txt").write_text("\n".join(installed) + "\n")
+            _lab_settings(building)
             _point_scripts_at(building, target)
             _readable_by_all(building)
             (building / ".ready").write_text("")
