@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from statistics import median
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
+from django.db.models import F, Sum, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
-from apps.jobs.actions import do_preempt_job, do_requeue_unready_job
+from apps.jobs.actions import do_preempt_job, do_requeue_unready_job, unready_backoff_s
 from apps.jobs.models import Job
 from apps.scheduling import engine
 from apps.scheduling.models import FairShareUsage
 from apps.scheduling.trigger import request_job_sync, request_workload
+from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -49,7 +54,6 @@ def policy() -> engine.Policy:
         min_runtime_s=float(settings.PORTAL_PREEMPTION_MIN_RUNTIME_S),
         grace_s=float(settings.PORTAL_PREEMPTION_GRACE_S),
         starvation_s=float(settings.PORTAL_STARVATION_S),
-        default_runtime_s=float(settings.PORTAL_DEFAULT_RUNTIME_S),
         placement_by_cluster=tuple(Cluster.objects.values_list("name", "placement")),
     )
 
@@ -70,8 +74,40 @@ def _cluster_name(row: Row, *, pending: bool) -> str | None:
     return row.cluster.name if row.cluster_id else None
 
 
-def _as_workload(row: Row, allocations: dict[str, list[Allocation]] | None = None) -> engine.Workload:
-    """The engine's view of a row: pending when `allocations` is None, else running with its placement."""
+def observed_runtimes(jobs: list[Job], now: datetime) -> dict[tuple[int, str], float]:
+    """The median run time, in seconds, of the last OBSERVED_RUNS jobs of each (workspace id, name)
+    of `jobs` that succeeded within OBSERVED_WITHIN_S: one query for all of them."""
+    wanted = {(job.workspace_id, job.name) for job in jobs}
+    if not wanted:
+        return {}
+    recent = (
+        Job.objects.filter(
+            state=Job.State.SUCCEEDED,
+            workspace_id__in={workspace for workspace, _ in wanted},
+            name__in={name for _, name in wanted},
+            started_at__isnull=False,
+            finished_at__gte=now - timedelta(seconds=OBSERVED_WITHIN_S),
+        )
+        .annotate(
+            recency=Window(RowNumber(), partition_by=[F("workspace_id"), F("name")], order_by=F("finished_at").desc())
+        )
+        .filter(recency__lte=OBSERVED_RUNS)
+        .order_by()
+        .values_list("workspace_id", "name", "started_at", "finished_at")
+    )
+    runs: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for workspace, name, started_at, finished_at in recent:
+        if (workspace, name) in wanted:  # the filter above matches every pairing of the two sets
+            runs[workspace, name].append(max(0.0, (finished_at - started_at).total_seconds()))
+    return {key: median(seconds) for key, seconds in runs.items()}
+
+
+def _as_workload(
+    row: Row, allocations: dict[str, list[Allocation]] | None, observed: dict[tuple[int, str], float]
+) -> engine.Workload:
+    """The engine's view of a row: pending when `allocations` is None, else running with its placement.
+    A job's runtime for estimates is what `observed` says of its name, and its declared limit; an
+    instance has neither."""
     is_job = isinstance(row, Job)
     placement: tuple[engine.ReplicaPlacement, ...] = ()
     if allocations is not None:
@@ -96,7 +132,8 @@ def _as_workload(row: Row, allocations: dict[str, list[Allocation]] | None = Non
         # Interactive instances are never preempted; jobs unless their owner said so.
         preemptible=is_job and row.preemptible,  # type: ignore[union-attr]
         checkpointable=is_job and row.checkpointable,  # type: ignore[union-attr]
-        expected_runtime_s=float(row.max_runtime_s) if is_job and row.max_runtime_s else None,  # type: ignore[union-attr]
+        expected_runtime_s=observed.get((row.workspace_id, row.name)) if is_job else None,
+        max_runtime_s=float(row.max_runtime_s) if is_job and row.max_runtime_s else None,  # type: ignore[union-attr]
         eligible_at=_ts(row.eligible_at) or 0.0,
         started_at=_ts(row.started_at or row.admitted_at),
         cluster=_cluster_name(row, pending=allocations is None),
@@ -197,11 +234,12 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         allocations[holder].append(allocation)
     history = _update_history(now, rules.half_life_s, running)
     nodes, gpu_lookup = _load_nodes()
+    observed = observed_runtimes([r for r in [*pending, *running] if isinstance(r, Job)], now) if pending else {}
     snapshot = engine.Snapshot(
         workspaces=_load_workspaces(history),
         nodes=nodes,
-        running=tuple(_as_workload(r, allocations) for r in running if r.gpus_per_replica > 0),
-        pending=tuple(_as_workload(r) for r in pending),
+        running=tuple(_as_workload(r, allocations, observed) for r in running if r.gpus_per_replica > 0),
+        pending=tuple(_as_workload(r, None, observed) for r in pending),
         now=now.timestamp(),
         policy=rules,
     )
@@ -252,7 +290,7 @@ def _apply_admission(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[in
     )
     placement = [{"node": p.node, "devices": [[i, str(s)] for i, s in p.devices]} for p in decision.placement]
     do_log_event(
-        f"{row._meta.model_name}.admit",
+        Event.JOB_ADMIT if isinstance(row, Job) else Event.INSTANCE_ADMIT,
         row,
         workspace=row.workspace,
         data={"placement": placement, "borrowed": str(decision.borrowed)},
@@ -271,8 +309,11 @@ def _record_pending(row: Row, reason: str, workspace_position: int | None, clust
         "wait_reason": reason[:500],
         "workspace_queue_position": workspace_position,
         "cluster_queue_position": cluster_position,
-        # Whole seconds: an estimate that moves by a few milliseconds is not news.
-        "estimated_start_at": datetime.fromtimestamp(int(estimated_start), tz=UTC) if estimated_start else None,
+        # Whole seconds (an estimate that moves by a few milliseconds is not news), rounded up: the
+        # engine's estimates lie after `now`, and so must the stored ones.
+        "estimated_start_at": (
+            datetime.fromtimestamp(math.ceil(estimated_start), tz=UTC) if estimated_start is not None else None
+        ),
     }
     if all(getattr(row, k) == v for k, v in values.items()):
         return
@@ -331,8 +372,6 @@ def requeue_unready_gangs() -> list[int]:
     late = Job.objects.filter(state=Job.State.ADMITTED, admitted_at__lt=timezone.now() - timedelta(seconds=timeout))
     requeued = []
     for job in late:
-        requeues = int(job.backend_state.get("not_ready_requeues", 0))
-        backoff = min(settings.PORTAL_GANG_BACKOFF_S * 2**requeues, settings.PORTAL_GANG_BACKOFF_MAX_S)
-        do_requeue_unready_job(job, timeout_s=timeout, backoff_s=backoff)
+        do_requeue_unready_job(job, timeout_s=timeout, backoff_s=unready_backoff_s(job))
         requeued.append(job.pk)
     return requeued

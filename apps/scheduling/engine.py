@@ -22,8 +22,10 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
+from apps.scheduling.estimates import StartEstimates
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import (
@@ -518,8 +520,8 @@ class Engine:
 
     def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
         """Reason, positions and estimated start for every workload still pending."""
-        order = sorted(self.pending.values(), key=lambda w: (-w.priority, w.seq, w.key))
-        estimates = self._estimates(now, order)
+        order = self._line()
+        estimates = StartEstimates(self).estimate(now, order)
         per_workspace: dict[str, int] = defaultdict(int)
         for cluster_position, workload in enumerate(order, start=1):
             per_workspace[workload.workspace] += 1
@@ -535,52 +537,19 @@ class Engine:
                 )
             )
 
-    def _estimates(self, now: float, order: list[Workload]) -> dict[str, float]:
-        """When each pending workload should start if everything ahead runs its expected time.
+    def _line(self) -> list[Workload]:
+        """The pending workloads in the cluster's queue order: priority, then submission."""
+        return sorted(self.pending.values(), key=lambda w: (-w.priority, w.seq, w.key))
 
-        Two counts, and the later wins: the GPUs of its type in the cluster, and its workspace's
-        quota of that type (plus what it may borrow now). Running work ends at start + expected
-        runtime; pending work starts in queue order as soon as both have room. Placement is not
-        modelled, so a gang may start later than its estimate.
-        """
-        ends: dict[tuple[str, ...], list[tuple[float, int]]] = defaultdict(list)
-        for running in self.running.values():
-            w = running.workload
-            if running.units:
-                end = max(now, (w.started_at or now) + (w.expected_runtime_s or self.policy.default_runtime_s))
-                ends[(w.gpu_type,)].append((end, running.units))
-                ends[(w.workspace, w.gpu_type)].append((end, running.units))
-        free: dict[tuple[str, ...], int] = {}
-        for gpu_type, pools in self.pools_by_type.items():
-            free[(gpu_type,)] = sum(p.free_units for p in pools)
-        clocks: dict[tuple[str, ...], float] = defaultdict(lambda: now)
-        for events in ends.values():
-            heapq.heapify(events)
-        estimates: dict[str, float] = {}
-        for workload in order:
-            need = units_of(workload.total_gpus)
-            if not need:
-                continue
-            name, gpu_type = workload.workspace, workload.gpu_type
-            if (name, gpu_type) not in free:
-                limit = self.ledger.nominal(name, gpu_type) + self.ledger.may_borrow(name, gpu_type)
-                free[(name, gpu_type)] = limit - self.ledger.used[name, gpu_type]
-            start = max(now, workload.eligible_at)
-            for scope in ((gpu_type,), (name, gpu_type)):
-                events = ends[scope]
-                while free.get(scope, 0) < need and events:
-                    end, units = heapq.heappop(events)
-                    free[scope] = free.get(scope, 0) + units
-                    clocks[scope] = max(clocks[scope], end)
-                start = max(start, clocks[scope])
-            if any(free.get(scope, 0) < need for scope in ((gpu_type,), (name, gpu_type))):
-                continue  # more than could ever be free at once: no estimate
-            estimates[workload.key] = start
-            runtime = workload.expected_runtime_s or self.policy.default_runtime_s
-            for scope in ((gpu_type,), (name, gpu_type)):
-                free[scope] -= need
-                heapq.heappush(ends[scope], (start + runtime, need))
-        return estimates
+    def estimates(self, now: float, keys: Collection[str] = ()) -> dict[str, float]:
+        """The estimated starts `cycle(now, explain=True)` would give after this cycle, for the pending
+        workloads in `keys` (all if empty): only the line up to the last of them is worked out."""
+        order = self._line()
+        if keys:
+            wanted = set(keys)
+            last = max((i for i, w in enumerate(order) if w.key in wanted), default=-1)
+            order = order[: last + 1]
+        return StartEstimates(self).estimate(now, order)
 
 
 def schedule(snapshot: Snapshot) -> Decisions:

@@ -20,15 +20,18 @@ import json
 import math
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from apps.scheduling.engine import Engine
 from apps.scheduling.types import (
+    OBSERVED_RUNS,
+    OBSERVED_WITHIN_S,
     UNIT,
     Admit,
     Decisions,
@@ -50,8 +53,10 @@ QUOTA_COLUMNS = ("team", "gpus")
 METRIC_KEYS = (
     "jobs", "avg_jct_s", "avg_duration_s", "p50_wait_s", "p95_wait_s", "p99_wait_s", "gpu_utilization",
     "makespan_s", "jain_fairness_across_teams", "quota_violations", "partial_gangs", "preemptions", "rejected",
-    "decisions", "engine_cpu_s", "admissions_per_s",
+    "decisions", "engine_cpu_s", "admissions_per_s", "estimated_starts", "unknown_starts", "p50_estimate_error_s",
+    "p90_estimate_error_s", "estimate_cpu_s",
 )  # fmt: skip
+ESTIMATE_KEYS = METRIC_KEYS[-5:]  # null unless --estimates
 
 
 class TraceError(Exception):
@@ -77,6 +82,7 @@ class Options:
     policy: Policy = field(default_factory=Policy)
     checkpoint_interval_s: float = 1800.0  # 0: no checkpoints, a preempted job starts over
     restart_cost_s: float = 120.0  # added to every resumed run
+    estimates: bool = False  # record estimated starts and check them against the actual ones
 
 
 def _number(row: dict[str, str], column: str, where: str, *, positive: bool = False) -> Decimal:
@@ -287,6 +293,13 @@ class Replay:
         self.wakeups: list[float] = []  # when a rule of time may change a decision (see _wake_at)
         self.engine_cpu_s = 0.0
         self.counts = {"admitted": 0, "preempted": 0, "rejected": 0, "cycles": 0}
+        # Estimated starts, checked against what happened (see _record_estimates).
+        self.runs: dict[str, deque[tuple[float, float]]] = defaultdict(lambda: deque(maxlen=OBSERVED_RUNS))
+        self.estimated: dict[str, float] = {}  # job id: the first estimate it had while it waited
+        self.first_start: dict[str, float] = {}
+        self.unestimated: set[str] = set()  # submitted, not started yet, no estimate yet
+        self.waited_unknown: set[str] = set()  # waited at least one cycle with no estimate
+        self.estimate_cpu_s = 0.0
 
     def _timed(self, call: Callable[[], Any]) -> Any:
         started = time.process_time()
@@ -321,15 +334,23 @@ class Replay:
             raise RuntimeError(f"{len(stuck)} job(s) never started, e.g. {stuck[0]}: the engine stalled")
         return self.metrics()
 
-    def _workload(self, progress: _Progress) -> Workload:
+    def _workload(self, progress: _Progress, expected_runtime_s: float | None = None) -> Workload:
         job = progress.job
         return Workload(
             job.job_id, job.team, GPU_TYPE, progress.gpus_per_replica, progress.replicas, seq=job.seq,
-            submitted_at=job.submit_s, expected_runtime_s=job.duration_s - progress.saved_s + progress.restart_s,
+            submitted_at=job.submit_s, expected_runtime_s=expected_runtime_s,
         )  # fmt: skip
 
+    def _observed(self, team: str, now: float) -> float | None:
+        """What the portal would expect of a job's run: the median length of its team's last runs that
+        ended recently (the trace declares no limit to cap it with); None before any."""
+        recent = [length for ended, length in self.runs[team] if ended >= now - OBSERVED_WITHIN_S]
+        return median(recent) if recent else None
+
     def _submit(self, progress: _Progress, now: float) -> None:
-        workload = self._workload(progress)
+        workload = self._workload(progress, self._observed(progress.job.team, now))
+        if self.options.estimates and progress.job.job_id not in self.first_start:
+            self.unestimated.add(progress.job.job_id)
         self._timed(lambda: self.engine.submit(workload))
         if workload.replicas > 1 or workload.gpus_per_replica > 1:  # a gang: may starve, then get nodes held
             self._wake_at(progress.job.submit_s + self.options.policy.starvation_s, now)
@@ -346,12 +367,14 @@ class Replay:
         assert progress.admit is not None and progress.workload is not None
         self.audit.release(progress.admit, progress.workload)
         progress.finished_at = now
+        self.runs[progress.job.team].append((now, now - progress.run_started_at))
         progress.admit = progress.workload = None
 
     def _cycle(self, now: float) -> None:
         decisions: Decisions = self._timed(lambda: self.engine.cycle(now, explain=False))
         self.counts["cycles"] += 1
         self.counts["rejected"] += len(decisions.rejected)
+        self.unestimated.difference_update(reject.key for reject in decisions.rejected)
         admitted = {admit.key: admit for admit in decisions.admitted}
         for preempt in decisions.preempted:
             progress = self.progress[preempt.key]
@@ -369,12 +392,31 @@ class Replay:
             # Victims go back in line at once, keeping their original place (seq, submit time).
             for preempt in decisions.preempted:
                 self._submit(self.progress[preempt.key], now)
+        if self.unestimated:
+            self._record_estimates(now)
+
+    def _record_estimates(self, now: float) -> None:
+        """Each waiting job's first estimated start, as the portal's cycle at this moment would show it;
+        worked out only for the line up to the last job that has none yet, and timed apart from the
+        engine's scheduling (the replay's cycles do not explain)."""
+        started = time.process_time()
+        estimates = self.engine.estimates(now, self.unestimated)
+        for job_id in list(self.unestimated):
+            if job_id in estimates:
+                self.estimated[job_id] = estimates[job_id]
+                self.unestimated.discard(job_id)
+            else:
+                self.waited_unknown.add(job_id)
+        self.estimate_cpu_s += time.process_time() - started
 
     def _admitted(self, progress: _Progress, admit: Admit, now: float) -> None:
         workload = self._workload(progress)
         self.audit.admit(admit, workload)
         self.counts["admitted"] += 1
         progress.admit, progress.workload, progress.run_started_at = admit, workload, now
+        if progress.job.job_id not in self.first_start:
+            self.first_start[progress.job.job_id] = now
+            self.unestimated.discard(progress.job.job_id)
         progress.end_at = now + progress.restart_s + progress.job.duration_s - progress.saved_s
         heapq.heappush(self.ends, (progress.end_at, progress.job.seq, progress.job.job_id))
         if self.options.policy.preemption:
@@ -429,7 +471,7 @@ def compute_metrics(replay: Replay) -> dict[str, Any]:
     capacity = sum(len(n.devices) for n in replay.nodes)
     useful = sum(float(p.job.num_gpus) * p.job.duration_s for p in done)
     counts, cpu = replay.counts, replay.engine_cpu_s
-    result = {
+    result: dict[str, Any] = {
         "jobs": len(replay.progress),
         "avg_jct_s": sum(jct) / len(jct) if jct else 0.0,
         "avg_duration_s": sum(p.job.duration_s for p in done) / len(done) if done else 0.0,
@@ -446,8 +488,25 @@ def compute_metrics(replay: Replay) -> dict[str, Any]:
         "decisions": counts["admitted"] + counts["preempted"] + counts["rejected"],
         "engine_cpu_s": cpu,
         "admissions_per_s": counts["admitted"] / cpu if cpu > 0 else 0.0,
+        **estimate_metrics(replay),
     }
     return {key: round(value, 6) if isinstance(value, float) else value for key, value in result.items()}
+
+
+def estimate_metrics(replay: Replay) -> dict[str, Any]:
+    """How far each job's first estimated start, while it waited, was from its first actual start;
+    all null unless the replay recorded estimates."""
+    if not replay.options.estimates:
+        return dict.fromkeys(ESTIMATE_KEYS)
+    starts = replay.first_start
+    errors = sorted(abs(starts[j] - estimate) for j, estimate in replay.estimated.items() if j in starts)
+    return {
+        "estimated_starts": len(errors),
+        "unknown_starts": len(replay.waited_unknown - replay.estimated.keys()),
+        "p50_estimate_error_s": percentile(errors, 0.50),
+        "p90_estimate_error_s": percentile(errors, 0.90),
+        "estimate_cpu_s": replay.estimate_cpu_s,
+    }
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -500,6 +559,11 @@ def parser() -> argparse.ArgumentParser:
         help="seconds a resumed job spends before it does work again (default %(default)s)",
     )
     p.add_argument("--limit", type=int, default=None, help="replay only the first LIMIT jobs of the trace file")
+    p.add_argument(
+        "--estimates",
+        action="store_true",
+        help="record each waiting job's first estimated start and report how far its actual start was from it",
+    )
     _add_knobs(p.add_argument_group("portal policy knobs (docs/scheduler.md; fifo ignores them)"))
     return p  # fmt: skip
 
@@ -553,7 +617,7 @@ def options_from(args: argparse.Namespace) -> Options:
             half_life_s=args.half_life_s, max_preemption_tries=args.max_preemption_tries,
             preemption=not args.no_preemption,
         )  # fmt: skip
-    return Options(args.gpus_per_node, policy, args.checkpoint_interval_s, args.restart_cost_s)
+    return Options(args.gpus_per_node, policy, args.checkpoint_interval_s, args.restart_cost_s, args.estimates)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,13 @@ def fmt_units(units: int) -> str:
     return f"{gpus_of(units):f}"
 
 
+# A job's expected runtime, for estimates, is the median length of the last OBSERVED_RUNS runs like it
+# that succeeded within OBSERVED_WITHIN_S (in the portal: of its name in its workspace; in the trace
+# replay: of its team). See docs/scheduler.md, "Explanations and estimates".
+OBSERVED_RUNS = 20
+OBSERVED_WITHIN_S = 30 * 86400.0
+
+
 # --- Plain data in ---------------------------------------------------------------------------
 
 
@@ -83,7 +90,10 @@ class Workload:
     submitted_at: float = 0.0
     preemptible: bool = True
     checkpointable: bool = False
-    expected_runtime_s: float | None = None  # for estimates; None: Policy.default_runtime_s
+    # For estimates only. A run's expected length (e.g. the median of its earlier runs; None: unknown)
+    # and its declared limit (it is stopped then; None: none): see Engine._runtime.
+    expected_runtime_s: float | None = None
+    max_runtime_s: float | None = None
     eligible_at: float = 0.0  # requeued with backoff: not considered before this time
     # Running workloads only: when they started and where they hold their devices.
     started_at: float | None = None
@@ -104,7 +114,6 @@ class Policy:
     min_runtime_s: float = 600.0  # never preempt a workload younger than this
     starvation_s: float = 3600.0  # a blocked gang older than this gets capacity held for it
     grace_s: float = 60.0  # checkpoint-aware workloads get this long to save before they stop
-    default_runtime_s: float = 4 * 3600.0  # for estimated starts where no runtime is known
     max_scan: int = 100_000  # pending workloads examined per cycle (Slurm's bf_max_job_test)
     max_victims: int = 32  # most workloads one preemption may evict
     preemption: bool = True
@@ -146,7 +155,7 @@ class Pending:
     reason: str
     workspace_position: int
     cluster_position: int
-    estimated_start: float | None = None
+    estimated_start: float | None = None  # always after the cycle's `now`; None: unknown
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,15 @@ def fmt_when(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{shown} (in {fmt_duration(delta)})" if delta.total_seconds() > 0 else shown
 
 
+def fmt_estimate(moment: datetime | None, now: datetime | None = None) -> str:
+    """An estimated start: ``14:05 (in 0:12:00)``; ``unknown`` without one, and for one that has
+    passed (the portal replaces an estimate seconds after it passes, so a passed one is stale)."""
+    now = now or datetime.now(timezone.utc)
+    if moment is None or moment <= now:
+        return "unknown"
+    return fmt_when(moment, now)
+
+
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -272,9 +281,7 @@ class QueueInfo:
         text = ", ".join(parts) or "queued"
         if self.reason:
             text += f"; {self.reason}"
-        if self.estimated_start_at:
-            text += f"; estimated start {fmt_when(self.estimated_start_at)}"
-        return text
+        return f"{text}; estimated start {fmt_estimate(self.estimated_start_at)}"
 
 
 def _queue(data: dict[str, Any]) -> QueueInfo:
@@ -691,5 +698,5 @@ def _queue_details(state: str, queue: QueueInfo) -> list[tuple[str, str]]:
         ("Queue position", "" if queue.position is None else f"{queue.position} in its workspace"),
         ("Cluster position", "" if queue.cluster_position is None else str(queue.cluster_position)),
         ("Waiting because", queue.reason),
-        ("Estimated start", fmt_when(queue.estimated_start_at)),
+        ("Estimated start", fmt_estimate(queue.estimated_start_at)),
     ]

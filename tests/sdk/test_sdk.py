@@ -62,7 +62,8 @@ def test_jobs_from_keywords_a_dict_and_a_yaml_file_run_and_give_back_logs_and_ar
 
 
 def test_a_queued_job_and_instance_show_their_place_and_reason_in_a_notebook(portal_client: Client) -> None:
-    hog = portal_client.jobs.submit(name="hog", workspace="demo", command="sleep 300", gpus=1)
+    # It declares its runtime: without one, or earlier runs of its name, the waiter's start is unknown.
+    hog = portal_client.jobs.submit(name="hog", workspace="demo", command="sleep 300", gpus=1, max_runtime="10m")
     try:
         wait_for(portal_client, hog.id, lambda job: job.state == "RUNNING")
         waiter = portal_client.jobs.submit(name="waiter", workspace="demo", command="true", gpus=1)

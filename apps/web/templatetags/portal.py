@@ -53,11 +53,13 @@ def duration(value: timedelta | float | int | None) -> str:
 
 @register.filter
 def until(moment: datetime | None) -> str:
-    """How far in the future a moment is: "in 5 min", or "now" once passed."""
+    """How far ahead an estimated start is: "in 5 min"; "unknown" without one, and for one that has
+    passed: the scheduler's next cycle, seconds later, replaces it (docs/scheduler.md), so a passed one
+    is stale and says nothing of when the start will be."""
     if moment is None:
-        return "—"
+        return "unknown"
     delta = moment - timezone.now()
-    return "now" if delta.total_seconds() <= 0 else f"in {duration(delta)}"
+    return f"in {duration(delta)}" if delta.total_seconds() >= 1 else "unknown"
 
 
 @register.filter

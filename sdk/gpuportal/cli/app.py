@@ -17,7 +17,7 @@ import click
 from gpuportal import __version__
 from gpuportal.client import Client
 from gpuportal.errors import GPUPortalError, SpecError, ValidationError, WaitTimeout
-from gpuportal.models import Job, Model, fmt_duration, fmt_when
+from gpuportal.models import Job, Model, fmt_duration, fmt_estimate
 from gpuportal.spec import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,8 +167,8 @@ def job_line(job: Job, *, timer: bool = True) -> str:
             parts.append(f"#{queue.cluster_position} in the cluster")
         if queue.reason:
             parts.append(queue.reason)
-        if queue.estimated_start_at and timer:
-            parts.append(f"estimated start {fmt_when(queue.estimated_start_at)}")
+        if timer:
+            parts.append(f"estimated start {fmt_estimate(queue.estimated_start_at)}")
         return head + (", " + ", ".join(parts) if parts else "")
     if job.state == "PREEMPTED":
         return f"{head}, {job.queue_info.reason or 'preempted'}; it goes back in the queue"

@@ -26,7 +26,7 @@ from gpuportal.cli.app import (
 )
 from gpuportal.client import Client
 from gpuportal.errors import SpecError
-from gpuportal.models import Job, fmt_when
+from gpuportal.models import Job, fmt_estimate
 from gpuportal.spec import JobSpec
 
 JOB_ID = click.argument("job_id", metavar="JOB", type=int)
@@ -156,7 +156,7 @@ def queue(workspace: str | None, as_json: bool) -> None:
             "Name": job.name,
             "Workspace": job.workspace,
             "GPUs": job.gpus,
-            "Estimated start": fmt_when(job.queue_info.estimated_start_at),
+            "Estimated start": fmt_estimate(job.queue_info.estimated_start_at),
             "Waiting because": job.queue_info.reason,
         }
         for job in jobs
