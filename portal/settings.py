@@ -184,6 +184,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 PROVISION_QUEUE = "provision"
 CELERY_TASK_ROUTES = ("workers.tasks.route",)
+CELERY_IMPORTS = ("workers.tasks",)  # the tasks, known by name to trigger.run_here and every worker
 
 # Live updates cross processes (the worker and the scheduler loop change states too): Redis in
 # production; without Redis, channels-lite's layer on a SQLite file of its own (not the portal's
@@ -431,6 +432,8 @@ PORTAL_NOTEBOOK_ENV_DIR = Path(env_str("PORTAL_NOTEBOOK_ENV_DIR", str(DATA_DIR /
 # cluster's nodes must be able to run it (empty: the portal's own interpreter).
 PORTAL_NOTEBOOK_PYTHON = env_str("PORTAL_NOTEBOOK_PYTHON", "")
 PORTAL_NOTEBOOK_START_TIMEOUT_S = env_int("PORTAL_NOTEBOOK_START_TIMEOUT_S", 120, minimum=5, maximum=3600)
+# How long an instance's start may take before it fails (a Slurm batch job to run, pods to come up).
+PORTAL_INSTANCE_START_TIMEOUT_S = env_int("PORTAL_INSTANCE_START_TIMEOUT_S", 300, minimum=10)
 # A notebook or instance whose processes died is restarted this many times in a row, then failed.
 PORTAL_RESTART_LIMIT = env_int("PORTAL_RESTART_LIMIT", 3, minimum=0, maximum=100)
 # The cluster policy (docs/scheduler.md): "portal" (fair share, borrowing, preemption, backfill)
@@ -441,7 +444,6 @@ PORTAL_PREEMPTION = env_bool("PORTAL_PREEMPTION", True)
 PORTAL_PREEMPTION_MIN_RUNTIME_S = env_int("PORTAL_PREEMPTION_MIN_RUNTIME_S", 600, minimum=0)
 PORTAL_PREEMPTION_GRACE_S = env_int("PORTAL_PREEMPTION_GRACE_S", 60, minimum=0, maximum=3600)
 PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
-PORTAL_DEFAULT_RUNTIME_S = env_int("PORTAL_DEFAULT_RUNTIME_S", 4 * 3600, minimum=60)
 # An admitted gang not running after this long is requeued, with backoff doubling per requeue.
 PORTAL_GANG_READY_TIMEOUT_S = env_int("PORTAL_GANG_READY_TIMEOUT_S", 900, minimum=10)
 PORTAL_GANG_BACKOFF_S = env_int("PORTAL_GANG_BACKOFF_S", 60, minimum=1)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shutil
 
-from workers.backends import local, slurm
+from workers.backends.local import LocalBackend
+from workers.backends.slurm import SlurmBackend
 
 
 def stop_everything_of(owner: str) -> None:
     """Stop every process group and Slurm job a portal with this work directory started, whatever
     a failed test left in its database: nothing outlives the test."""
-    local.sweep_orphans(owner, keep_pids=set(), keep_keys=set())
+    LocalBackend().sweep_orphans(owner)
     if shutil.which("squeue"):
-        slurm.sweep_orphans(owner, keep_ids=set(), keep_keys=set())
+        SlurmBackend().sweep_orphans(owner)

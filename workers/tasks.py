@@ -1,5 +1,8 @@
 """Celery tasks: ids in, one action or engine call, safe to run twice.
 
+Tasks are thin: each calls what runs the work, and nothing below imports them; actions ask for
+them by name (apps/scheduling/trigger.py).
+
 Tasks go to one of two queues (``route``, named by ``CELERY_TASK_ROUTES``), each with workers of
 its own, so that something slow never holds up something quick:
 
@@ -20,6 +23,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection
 
+from apps.compute import running as compute
+from apps.jobs import running as jobs
+from apps.jobs.models import Job
+from apps.scheduling.adapter import run_cycle
 from workers.backends.base import BackendError
 
 _PROVISION_TASKS = frozenset(
@@ -28,7 +35,6 @@ _PROVISION_TASKS = frozenset(
         "portal.converge_instance",
         "portal.converge_notebook",
         "portal.build_notebook_environment",
-        "portal.reconcile",
     }
 )
 
@@ -41,8 +47,6 @@ def route(
     if name in _PROVISION_TASKS:
         return {"queue": settings.PROVISION_QUEUE}
     if name == "portal.start_job" and args:
-        from apps.jobs.models import Job
-
         kind = Job.objects.filter(pk=args[0]).values_list("cluster__kind", flat=True).first()
         if kind is not None and kind != "local":
             return {"queue": settings.PROVISION_QUEUE}
@@ -67,8 +71,6 @@ def schedule_cycle(requested_at: float | None = None) -> dict[str, Any]:
     cycle's snapshot already held the change behind it. A burst of submissions queues one request
     each; they cost one cycle per cycle's length, not one each. Cycles serialise on a lock."""
     global _cycle_began_at
-    from apps.scheduling.adapter import run_cycle
-
     if requested_at is not None and requested_at < _cycle_began_at:
         return {"coalesced": True}
     _cycle_began_at = time.time()
@@ -86,17 +88,13 @@ def schedule_cycle(requested_at: float | None = None) -> dict[str, Any]:
 )
 def start_job(job_id: int) -> None:
     """Start an admitted job on its backend (transient backend errors are retried with backoff)."""
-    from apps.jobs.running import do_start_job
-
-    do_start_job(job_id)
+    jobs.do_start_job(job_id)
 
 
 @shared_task(name="portal.sync_job", ignore_result=True)
 def sync_job(job_id: int) -> None:
     """Converge one job with its backend (stop a cancelled or preempted one, record an exit)."""
-    from apps.jobs.running import do_sync_job
-
-    do_sync_job(job_id)
+    jobs.do_sync_job(job_id)
 
 
 @shared_task(
@@ -109,9 +107,7 @@ def sync_job(job_id: int) -> None:
 )
 def converge_instance(instance_id: int) -> None:
     """Start, check or tear down an instance, as its state asks."""
-    from apps.compute.running import converge_instance
-
-    converge_instance(instance_id)
+    compute.converge_instance(instance_id)
 
 
 @shared_task(
@@ -124,9 +120,7 @@ def converge_instance(instance_id: int) -> None:
 )
 def converge_notebook(notebook_id: int) -> None:
     """Start, check or stop a notebook server, as its state asks."""
-    from apps.compute.running import converge_notebook
-
-    converge_notebook(notebook_id)
+    compute.converge_notebook(notebook_id)
 
 
 @shared_task(
@@ -139,15 +133,4 @@ def converge_notebook(notebook_id: int) -> None:
 )
 def build_notebook_environment(notebook_id: int) -> None:
     """Build the Python environment a notebook waits for; its start follows as a task of its own."""
-    from apps.compute.running import build_notebook_environment
-
-    build_notebook_environment(notebook_id)
-
-
-@shared_task(name="portal.reconcile", ignore_result=True)
-def reconcile() -> dict[str, int]:
-    """Converge every job, instance and notebook with its backend, and start what was lost."""
-    from apps.compute.running import reconcile_compute
-    from apps.jobs.running import reconcile_jobs
-
-    return {**reconcile_jobs(), **reconcile_compute()}
+    compute.build_notebook_environment(notebook_id)

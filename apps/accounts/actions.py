@@ -7,8 +7,9 @@ from typing import Any
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
-from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.audit.events import Event
+from apps.errors import ActionError, Conflict
 from apps.workspaces.models import Workspace
 
 
@@ -34,8 +35,8 @@ def do_save_user(user: Any, *, acting_user: Any, origin: Origin = SYSTEM, **fiel
         if groups is not None:
             user.groups.set(groups)
             changed["groups"] = sorted(g.name for g in groups)
-        do_log_event("user.create" if created else "user.update", user, acting_user=acting_user, origin=origin,
-                     data=changed)  # fmt: skip
+        event = Event.USER_CREATE if created else Event.USER_UPDATE
+        do_log_event(event, user, acting_user=acting_user, origin=origin, data=changed)
     return user
 
 
@@ -46,7 +47,7 @@ def do_deactivate_user(user: Any, *, acting_user: Any, origin: Origin = SYSTEM) 
     with transaction.atomic():
         user.is_active = False
         user.save(update_fields=["is_active"])
-        do_log_event("user.deactivate", user, acting_user=acting_user, origin=origin)
+        do_log_event(Event.USER_DEACTIVATE, user, acting_user=acting_user, origin=origin)
 
 
 def do_save_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Group:
@@ -58,8 +59,8 @@ def do_save_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM, **
                 group.save()
         except IntegrityError:
             raise ActionError(f"A group named {group.name} already exists.", field="name") from None
-        do_log_event("group.create" if created else "group.update", group, acting_user=acting_user, origin=origin,
-                     data=changed)  # fmt: skip
+        event = Event.GROUP_CREATE if created else Event.GROUP_UPDATE
+        do_log_event(event, group, acting_user=acting_user, origin=origin, data=changed)
     return group
 
 
@@ -69,5 +70,5 @@ def do_delete_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM) 
     if assigned:
         raise Conflict(f"Group {group.name} is assigned to workspace {', '.join(assigned)}; reassign it first.")
     with transaction.atomic():
-        do_log_event("group.delete", group, acting_user=acting_user, origin=origin)
+        do_log_event(Event.GROUP_DELETE, group, acting_user=acting_user, origin=origin)
         group.delete()

@@ -1,4 +1,4 @@
-"""Typed errors raised by actions, and the API's one error shape.
+"""The API's one error shape, and the mapping of every error to it.
 
 Every error the API returns looks like:
     {"error": {"status": 400, "code": "invalid", "message": "...", "fields": {"name": ["..."]},
@@ -6,6 +6,9 @@ Every error the API returns looks like:
 `field_codes` gives, for each message of `fields`, a code a program can test (DRF's and Django's
 validation codes, such as "required", "does_not_exist", "unique", "max_length"; "rule" for a
 refusal by a rule that spans fields or reads the portal's state).
+
+The errors actions raise live in apps/errors.py, which knows nothing of DRF; here they become
+responses, as do DRF's and Django's own.
 """
 
 from __future__ import annotations
@@ -16,39 +19,11 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-# The field code of a refusal by a rule the schema cannot state: one that spans fields, or reads
-# the portal's state (a policy, a quota, what the workspace allows).
-RULE = "rule"
-
-
-class ActionError(Exception):
-    """A request the portal refuses, with a message meant for the user."""
-
-    status_code = status.HTTP_400_BAD_REQUEST
-    code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class LimitExceeded(ActionError):
-    """A hard limit of the workspace would be broken (max instances, max notebooks, size)."""
-
-    status_code = status.HTTP_409_CONFLICT
-    code = "limit_exceeded"
-
-
-class Conflict(ActionError):
-    """The object is not in a state that allows this (cancelling a finished job...)."""
-
-    status_code = status.HTTP_409_CONFLICT
-    code = "conflict"
+from apps.errors import RULE, ActionError
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -86,7 +61,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, ActionError):
         fields = {exc.field: [exc.message]} if exc.field else None
         codes = {exc.field: [RULE]} if exc.field else None
-        return Response(_body(exc.status_code, exc.code, exc.message, fields, codes), status=exc.status_code)
+        status_code = int(exc.status_code)
+        return Response(_body(status_code, exc.code, exc.message, fields, codes), status=status_code)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, RequestDataTooBig):  # Django's own limit, met before the parser's

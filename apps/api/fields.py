@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.api.errors import RULE
+from apps.errors import RULE
 from apps.names import DNS_LABEL_MESSAGE, DNS_LABEL_RE
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -6,6 +6,7 @@ from typing import Any
 from django.db import models
 from django.http import HttpRequest
 
+from apps.audit.events import Event
 from apps.audit.models import AuditEvent
 
 
@@ -28,7 +29,7 @@ SYSTEM = Origin()
 
 
 def do_log_event(
-    action: str,
+    action: Event,
     target: models.Model,
     *,
     acting_user: Any = None,
@@ -36,12 +37,17 @@ def do_log_event(
     workspace: Any = None,
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Record one state change. Call it inside the transaction that makes the change."""
+    """Record one state change. Call it inside the transaction that makes the change.
+
+    `action` is a member of `Event`; anything else, a string of a known value included, is refused
+    (`TypeError`), so every place that writes an event type names it."""
+    if not isinstance(action, Event):
+        raise TypeError(f"An audit event type is a member of apps.audit.events.Event, not {action!r}.")
     user = acting_user if getattr(acting_user, "is_authenticated", False) else None
     return AuditEvent.objects.create(
         actor=user,
         actor_name=user.get_username() if user else "",
-        action=action,
+        action=action.value,
         target_type=target._meta.label_lower,
         target_id=str(target.pk),
         target_repr=str(target)[:300],

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import IntegrityError, transaction
 from django.db.models.deletion import ProtectedError
 
-from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.audit.events import Event
 from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.errors import ActionError, Conflict
 
 P = TypeVar("P", ComputeProfile, NotebookProfile)
+
+
+class ProfileEvents(NamedTuple):
+    """The audit events of one kind of profile."""
+
+    create: Event
+    update: Event
+    publish: Event
+    delete: Event
+
+
+EVENTS: dict[type[ComputeProfile | NotebookProfile], ProfileEvents] = {
+    ComputeProfile: ProfileEvents(
+        Event.COMPUTE_PROFILE_CREATE,
+        Event.COMPUTE_PROFILE_UPDATE,
+        Event.COMPUTE_PROFILE_PUBLISH,
+        Event.COMPUTE_PROFILE_DELETE,
+    ),
+    NotebookProfile: ProfileEvents(
+        Event.NOTEBOOK_PROFILE_CREATE,
+        Event.NOTEBOOK_PROFILE_UPDATE,
+        Event.NOTEBOOK_PROFILE_PUBLISH,
+        Event.NOTEBOOK_PROFILE_DELETE,
+    ),
+}
 
 
 def do_save_profile(profile: P, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> P:
@@ -28,16 +54,16 @@ def do_save_profile(profile: P, *, acting_user: Any, origin: Origin = SYSTEM, **
         if visible_to is not None:
             profile.visible_to.set(visible_to)
             changed["visible_to"] = sorted(g.name for g in visible_to)
-        kind = profile._meta.model_name
-        verb = "create" if created else ("publish" if changed.get("published") is True else "update")
-        do_log_event(f"{kind}.{verb}", profile, acting_user=acting_user, origin=origin, data=changed)
+        events = EVENTS[type(profile)]
+        event = events.create if created else (events.publish if changed.get("published") is True else events.update)
+        do_log_event(event, profile, acting_user=acting_user, origin=origin, data=changed)
     return profile
 
 
 def do_delete_profile(profile: ComputeProfile | NotebookProfile, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
     """Delete a profile nothing was ever launched from; otherwise unpublish it instead."""
     with transaction.atomic():
-        do_log_event(f"{profile._meta.model_name}.delete", profile, acting_user=acting_user, origin=origin)
+        do_log_event(EVENTS[type(profile)].delete, profile, acting_user=acting_user, origin=origin)
         try:
             with transaction.atomic():
                 profile.delete()

@@ -5,12 +5,12 @@ from typing import Any
 from django.contrib.auth.models import Group
 from rest_framework import serializers
 
-from apps.api.errors import RULE
 from apps.api.fields import NameField
 from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, PortalViewSet
 from apps.catalog import actions
 from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.errors import RULE
 from apps.scheduling.limits import check_gpu_shape
 
 PROFILE_FIELDS = ["id", "name", "display_name", "description", "published", "visible_to", "created_at", "updated_at"]

@@ -12,10 +12,11 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.audit.events import Event
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook, NotebookAuthCode
+from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster
 from apps.jobs.actions import check_cluster_fits
 from apps.scheduling.limits import check_request_size
@@ -110,7 +111,7 @@ def check_launch_instance(
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(
-            "instance.launch",
+            Event.INSTANCE_LAUNCH,
             instance,
             acting_user=acting_user,
             origin=origin,
@@ -145,7 +146,7 @@ def do_delete_instance(instance: Instance, *, acting_user: Any, origin: Origin =
             instance.finished_at = timezone.now()
         instance.save()
         do_log_event(
-            "instance.delete",
+            Event.INSTANCE_DELETE,
             instance,
             acting_user=acting_user,
             origin=origin,
@@ -193,7 +194,7 @@ def check_launch_notebook(
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(
-            "notebook.launch",
+            Event.NOTEBOOK_LAUNCH,
             notebook,
             acting_user=acting_user,
             origin=origin,
@@ -224,22 +225,24 @@ def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin =
             notebook.state = Notebook.State.STOPPED
             notebook.stopped_at = timezone.now()
         notebook.save()
-        do_log_event("notebook.delete", notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
+        do_log_event(
+            Event.NOTEBOOK_DELETE, notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace
+        )
         notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
     return notebook
 
 
 def do_update_instance(instance: Instance, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Instance:
     """Change what may change on a launched instance: its description."""
-    return _update_description(instance, "instance.update", fields, acting_user, origin)
+    return _update_description(instance, Event.INSTANCE_UPDATE, fields, acting_user, origin)
 
 
 def do_update_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Notebook:
     """Change what may change on a notebook: its description."""
-    return _update_description(notebook, "notebook.update", fields, acting_user, origin)
+    return _update_description(notebook, Event.NOTEBOOK_UPDATE, fields, acting_user, origin)
 
 
-def _update_description(obj: Any, event: str, fields: dict[str, Any], acting_user: Any, origin: Origin) -> Any:
+def _update_description(obj: Any, event: Event, fields: dict[str, Any], acting_user: Any, origin: Origin) -> Any:
     with transaction.atomic():
         obj = type(obj).objects.select_for_update().get(pk=obj.pk)
         changed = apply_changes(obj, {k: v for k, v in fields.items() if k == "description"})
@@ -274,7 +277,7 @@ def do_issue_notebook_code(notebook: Notebook, *, acting_user: Any, origin: Orig
     NotebookAuthCode.objects.create(
         notebook=notebook, user=acting_user, code_hash=_code_hash(code), expires_at=now + AUTH_CODE_TTL
     )
-    do_log_event("notebook.open", notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
+    do_log_event(Event.NOTEBOOK_OPEN, notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace)
     return code
 
 

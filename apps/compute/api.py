@@ -2,15 +2,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.request import Request
 
 from apps.api.fields import NameField, WorkspaceField
 from apps.api.strict import StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute import actions
+from apps.compute.kubeconfig import read_kubeconfig
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Cluster
 from apps.names import DNS_LABEL_RE
@@ -74,6 +80,20 @@ class WorkloadStatusMixin(serializers.Serializer):
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
 
 
+class AnswerAsIs(BaseContentNegotiation):
+    """For a route that answers in a format of its own (a kubeconfig's YAML) whatever the client
+    accepts: its errors are the API's JSON, as everywhere."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
 class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
@@ -130,6 +150,25 @@ class InstanceViewSet(TenantViewSet):
 
     def perform_destroy(self, instance: Instance) -> None:
         actions.do_delete_instance(instance, **self.action_kwargs())
+
+    @extend_schema(
+        responses={
+            (200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR, description="The kubeconfig."),
+            (404, "application/json"): OpenApiResponse(ERROR, description="Not found, not yours, or no kubeconfig."),
+            (409, "application/json"): OpenApiResponse(ERROR, description="Not running, or being issued."),
+        }
+    )
+    @action(detail=True, methods=["get"], content_negotiation_class=AnswerAsIs)
+    def kubeconfig(self, request: Request, pk: str | None = None) -> HttpResponse:
+        """The instance's kubeconfig (YAML), for its workspace's members (not viewers), where its
+        backend has one (a Kubernetes namespace or vcluster instance): 404 where it has none, 409
+        while the instance does not run or its kubeconfig is being issued."""
+        instance = self.get_object()
+        self.require(instance.workspace)
+        response = HttpResponse(read_kubeconfig(instance), content_type="application/yaml")
+        response["Content-Disposition"] = f'attachment; filename="{instance.workspace.name}-{instance.name}.kubeconfig"'
+        response["Cache-Control"] = "no-store"  # a credential
+        return response
 
 
 class InstanceRefField(serializers.PrimaryKeyRelatedField):

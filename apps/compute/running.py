@@ -21,11 +21,7 @@ by their key and stopped (``sweep_local_orphans``).
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,11 +33,13 @@ from django.utils import timezone
 
 from apps.accounts.tokens import workload_env
 from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.compute import proxy
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
 from apps.scheduling.backoff import RECONCILE
-from apps.scheduling.trigger import request_cycle
+from apps.scheduling.trigger import request_cycle, request_environment_build, request_workload
+from apps.workloads import claims
 from apps.workspaces.live import notify
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, InstanceSpec, NotebookSpec, PolicyRefusal
@@ -52,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 SWEEP_EVERY_S = 30.0
-INSTANCE_START_TIMEOUT_S = 60.0
 
 
 def _devices(instance: Instance) -> list[str]:
@@ -111,46 +108,7 @@ def _notebook_spec(notebook: Notebook) -> NotebookSpec:
 
 
 def _backend(cluster: Any, state: dict[str, Any]) -> Backend:
-    backend = backend_for(cluster)
-    backend.load_state(state.get("run", {}))
-    return backend
-
-
-def _claim(model: type[Instance] | type[Notebook], pk: int, states: tuple[str, ...], timeout_s: float) -> str | None:
-    """Mark the object as being started by us, unless a live claim of another worker holds it."""
-    with transaction.atomic():
-        row = model.objects.select_for_update().filter(pk=pk, state__in=states).first()
-        if row is None:
-            return None
-        if _claim_live(row.backend_state.get("starting"), timeout_s):
-            return None
-        token = secrets.token_hex(8)
-        claim = {"token": token, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
-        row.backend_state = {**row.backend_state, "starting": claim}
-        row.save(update_fields=["backend_state"])
-        return token
-
-
-def _claim_live(claim: dict[str, Any] | None, timeout_s: float) -> bool:
-    """Whether another start is under way: claimed recently by a process that still lives."""
-    if not claim or time.time() - float(claim["at"]) >= timeout_s:
-        return False
-    if claim.get("host") == socket.gethostname() and claim.get("pid") != os.getpid():
-        try:
-            os.kill(int(claim["pid"]), 0)
-        except ProcessLookupError:
-            return False  # the worker that claimed it died
-        except PermissionError:
-            pass
-    return True
-
-
-def _holds(row: Instance | Notebook, token: str) -> bool:
-    return (row.backend_state.get("starting") or {}).get("token") == token
-
-
-def _without(state: dict[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k not in keys}
+    return backend_for(cluster, state.get("run", {}))
 
 
 def _stop_quietly(backend: Backend, what: str) -> None:
@@ -178,31 +136,31 @@ def converge_instance(instance_id: int) -> Instance | None:
 
 
 def _start_instance(instance_id: int, *, states: tuple[str, ...] = (Instance.State.PROVISIONING,)) -> Instance | None:
-    token = _claim(Instance, instance_id, states, INSTANCE_START_TIMEOUT_S)
+    token = claims.claim(Instance, instance_id, states, _instance_start_s())
     if token is None:
         return Instance.objects.filter(pk=instance_id).first()
     instance = Instance.objects.select_related("workspace", "cluster", "profile").get(pk=instance_id)
     backend = backend_for(instance.cluster)
     try:
-        endpoint = backend.start(_instance_spec(instance))
-    except (PolicyRefusal, BackendError) as exc:
+        endpoint = claims.start_within(backend, _instance_spec(instance), _instance_start_s())
+    except (PolicyRefusal, BackendError, claims.StartTimedOut) as exc:
+        claims.stop_and_clear(backend, f"instance {instance_id}", STOP_GRACE_S)
         if isinstance(exc, BackendError) and not exc.permanent:
-            _release_claim(Instance, instance_id, token)
+            claims.release(Instance, instance_id, token)
             raise
-        _stop_quietly(backend, f"instance {instance_id}")
         return _fail_instance(instance_id, token, str(exc))
     with transaction.atomic():
         instance = Instance.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=instance_id)
-        if not _holds(instance, token) or instance.state not in states:
+        if not claims.holds(instance, token) or instance.state not in states:
             _stop_quietly(backend, f"instance {instance_id}")  # deleted, or taken over, meanwhile
             return instance
         restarted = instance.state == Instance.State.RUNNING
         instance.state = Instance.State.RUNNING
         instance.started_at = instance.started_at or timezone.now()
-        instance.backend_state = {**_without(instance.backend_state, "starting"), "run": backend.get_state()}
+        instance.backend_state = {**claims.without(instance.backend_state, "starting"), "run": backend.get_state()}
         instance.save()
         do_log_event(
-            "instance.restart" if restarted else "instance.start",
+            Event.INSTANCE_RESTART if restarted else Event.INSTANCE_START,
             instance,
             workspace=instance.workspace,
             data={"endpoint": f"{endpoint.host}:{endpoint.port}", "devices": _devices(instance)},
@@ -213,18 +171,10 @@ def _start_instance(instance_id: int, *, states: tuple[str, ...] = (Instance.Sta
     return instance
 
 
-def _release_claim(model: type[Instance] | type[Notebook], pk: int, token: str) -> None:
-    with transaction.atomic():
-        row = model.objects.select_for_update().filter(pk=pk).first()
-        if row is not None and _holds(row, token):
-            row.backend_state = _without(row.backend_state, "starting")
-            row.save(update_fields=["backend_state"])
-
-
 def _fail_instance(instance_id: int, token: str | None, reason: str) -> Instance:
     with transaction.atomic():
         instance = Instance.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=instance_id)
-        if token is not None and not _holds(instance, token):
+        if token is not None and not claims.holds(instance, token):
             return instance
         for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
             _end_notebook(notebook, Notebook.State.FAILED, f"its instance failed: {reason}")
@@ -232,9 +182,9 @@ def _fail_instance(instance_id: int, token: str | None, reason: str) -> Instance
         instance.state = Instance.State.FAILED
         instance.failure_reason = reason[:2000]
         instance.finished_at = timezone.now()
-        instance.backend_state = _without(instance.backend_state, "starting")
+        instance.backend_state = claims.without(instance.backend_state, "starting")
         instance.save()
-        do_log_event("instance.fail", instance, workspace=instance.workspace, data={"reason": reason})
+        do_log_event(Event.INSTANCE_FAIL, instance, workspace=instance.workspace, data={"reason": reason})
         notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state, "reason": reason})
         request_cycle()
     return instance
@@ -252,7 +202,9 @@ def _check_instance(instance_id: int) -> Instance | None:
     if restarts > settings.PORTAL_RESTART_LIMIT:
         return _fail_instance(instance_id, None, f"its processes ended {restarts} times")
     with transaction.atomic():
-        Instance.objects.filter(pk=instance_id).update(backend_state={**_without(state, "run"), "restarts": restarts})
+        Instance.objects.filter(pk=instance_id).update(
+            backend_state={**claims.without(state, "run"), "restarts": restarts}
+        )
     return _start_instance(instance_id, states=(Instance.State.RUNNING,))
 
 
@@ -262,22 +214,24 @@ def _teardown_instance(instance_id: int) -> Instance:
         "pk", flat=True
     ):
         _teardown_notebook(notebook_id)
+    instance = Instance.objects.select_related("cluster").get(pk=instance_id)
+    if instance.state != Instance.State.DELETING:
+        return instance
+    run = instance.backend_state.get("run")
+    if run:  # stopped with no row locked: the stop may wait out a grace period
+        backend = _backend(instance.cluster, instance.backend_state)
+        backend.stop(STOP_GRACE_S)  # raises if something survived: reconcile tries again
+        backend.clear_state()
     with transaction.atomic():
-        instance = (
-            Instance.objects.select_for_update(of=("self",)).select_related("workspace", "cluster").get(pk=instance_id)
-        )
-        if instance.state != Instance.State.DELETING:
-            return instance
-        if instance.backend_state.get("run"):
-            backend = _backend(instance.cluster, instance.backend_state)
-            backend.stop(STOP_GRACE_S)  # raises if something survived: reconcile tries again
-            backend.clear_state()
+        instance = Instance.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=instance_id)
+        if instance.state != Instance.State.DELETING or instance.backend_state.get("run") != run:
+            return instance  # changed meanwhile: the next reconcile looks again
         Allocation.objects.filter(instance=instance).delete()
         instance.state = Instance.State.DELETED
         instance.finished_at = timezone.now()
-        instance.backend_state = _without(instance.backend_state, "run", "starting")
+        instance.backend_state = claims.without(instance.backend_state, "run", "starting")
         instance.save()
-        do_log_event("instance.deleted", instance, workspace=instance.workspace)
+        do_log_event(Event.INSTANCE_DELETED, instance, workspace=instance.workspace)
         notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
         request_cycle()
     return instance
@@ -302,6 +256,11 @@ def converge_notebook(notebook_id: int) -> Notebook | None:
     return notebook
 
 
+def _instance_start_s() -> float:
+    """How long an instance's start may take (and hold its claim) before it fails."""
+    return float(settings.PORTAL_INSTANCE_START_TIMEOUT_S)
+
+
 def _notebook_claim_s() -> float:
     """How long a notebook's start or build may hold its claim before another may take it over."""
     return float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600
@@ -309,7 +268,7 @@ def _notebook_claim_s() -> float:
 
 def _start_notebook(notebook_id: int) -> Notebook | None:
     states = (Notebook.State.PENDING, Notebook.State.STARTING, Notebook.State.READY)
-    token = _claim(Notebook, notebook_id, states, _notebook_claim_s())
+    token = claims.claim(Notebook, notebook_id, states, _notebook_claim_s())
     if token is None:
         return Notebook.objects.filter(pk=notebook_id).first()
     with transaction.atomic():
@@ -323,24 +282,24 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
     )
     backend = backend_for(notebook.instance.cluster)
     if settings.PORTAL_WORKLOAD_TRIGGER == "task" and _environment_to_build(backend, notebook):
-        _release_claim(Notebook, notebook_id, token)
+        claims.release(Notebook, notebook_id, token)
         request_environment_build(notebook_id)  # which asks for the start again once built
         return notebook
     try:
-        endpoint = backend.start(_notebook_spec(notebook))
+        endpoint = claims.start_within(backend, _notebook_spec(notebook), _notebook_claim_s())
         target = endpoint.url or f"http://{endpoint.host}:{endpoint.port}"
         if not proxy.configured():
             raise BackendError("no notebook proxy is configured (PORTAL_PROXY_API_URL)", permanent=True)
         proxy.add_route(notebook.host, target, notebook.pk)
-    except (PolicyRefusal, BackendError, proxy.ProxyError) as exc:
-        _stop_quietly(backend, f"notebook {notebook_id}")
+    except (PolicyRefusal, BackendError, proxy.ProxyError, claims.StartTimedOut) as exc:
+        claims.stop_and_clear(backend, f"notebook {notebook_id}", STOP_GRACE_S)
         if isinstance(exc, BackendError | proxy.ProxyError) and not getattr(exc, "permanent", False):
-            _release_claim(Notebook, notebook_id, token)
+            claims.release(Notebook, notebook_id, token)
             raise
         return _fail_notebook(notebook_id, token, str(exc))
     with transaction.atomic():
         notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
-        if not _holds(notebook, token) or notebook.state != Notebook.State.STARTING:
+        if not claims.holds(notebook, token) or notebook.state != Notebook.State.STARTING:
             _stop_quietly(backend, f"notebook {notebook_id}")  # deleted, or taken over, meanwhile
             if notebook.state != Notebook.State.READY:
                 _remove_route(notebook)
@@ -349,12 +308,12 @@ def _start_notebook(notebook_id: int) -> Notebook | None:
         notebook.started_at = notebook.started_at or timezone.now()
         notebook.failure_reason = ""
         notebook.backend_state = {
-            **_without(notebook.backend_state, "starting"),
+            **claims.without(notebook.backend_state, "starting"),
             "run": backend.get_state(),
             "target": target,
         }
         notebook.save()
-        do_log_event("notebook.ready", notebook, workspace=notebook.workspace, data={"target": target})
+        do_log_event(Event.NOTEBOOK_READY, notebook, workspace=notebook.workspace, data={"target": target})
         notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state, "url": notebook.url})
     return notebook
 
@@ -376,23 +335,10 @@ def _environment_to_build(backend: Backend, notebook: Notebook) -> bool:
         return False  # the start refuses it, with the reason
 
 
-def request_environment_build(notebook_id: int) -> None:
-    """Once committed, have a worker build a starting notebook's environment."""
-    from workers.tasks import build_notebook_environment
-
-    def enqueue() -> None:
-        try:
-            build_notebook_environment.delay(notebook_id)
-        except Exception:  # the reconcile loop asks for the start again, which asks for the build
-            logger.warning("could not queue the environment of notebook %s; reconcile will", notebook_id, exc_info=True)
-
-    transaction.on_commit(enqueue)
-
-
 def build_notebook_environment(notebook_id: int) -> Notebook | None:
     """Build the environment a starting notebook needs, claiming the notebook meanwhile (so its
     start is not asked again), then ask for its start, which finds the environment built."""
-    token = _claim(Notebook, notebook_id, (Notebook.State.PENDING, Notebook.State.STARTING), _notebook_claim_s())
+    token = claims.claim(Notebook, notebook_id, (Notebook.State.PENDING, Notebook.State.STARTING), _notebook_claim_s())
     if token is None:
         return Notebook.objects.filter(pk=notebook_id).first()
     notebook = Notebook.objects.select_related("profile", "instance__cluster").get(pk=notebook_id)
@@ -402,10 +348,10 @@ def build_notebook_environment(notebook_id: int) -> Notebook | None:
             ensure_env(*environment)
     except (PolicyRefusal, BackendError) as exc:
         if isinstance(exc, BackendError) and not exc.permanent:
-            _release_claim(Notebook, notebook_id, token)
+            claims.release(Notebook, notebook_id, token)
             raise
         return _fail_notebook(notebook_id, token, str(exc))
-    _release_claim(Notebook, notebook_id, token)
+    claims.release(Notebook, notebook_id, token)
     request_compute_sync("notebook", notebook_id)
     return notebook
 
@@ -420,7 +366,7 @@ def _remove_route(notebook: Notebook) -> None:
 def _fail_notebook(notebook_id: int, token: str | None, reason: str) -> Notebook:
     with transaction.atomic():
         notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
-        if token is not None and not _holds(notebook, token):
+        if token is not None and not claims.holds(notebook, token):
             return notebook
         _end_notebook(notebook, Notebook.State.FAILED, reason)
     return notebook
@@ -431,9 +377,9 @@ def _end_notebook(notebook: Notebook, state: str, reason: str = "") -> None:
     notebook.state = state
     notebook.failure_reason = reason[:2000]
     notebook.stopped_at = timezone.now()
-    notebook.backend_state = _without(notebook.backend_state, "run", "starting", "target")
+    notebook.backend_state = claims.without(notebook.backend_state, "run", "starting", "target")
     notebook.save()
-    event = "notebook.fail" if state == Notebook.State.FAILED else "notebook.stopped"
+    event = Event.NOTEBOOK_FAIL if state == Notebook.State.FAILED else Event.NOTEBOOK_STOPPED
     do_log_event(event, notebook, workspace=notebook.workspace, data={"reason": reason} if reason else None)
     notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
 
@@ -452,27 +398,33 @@ def _check_notebook(notebook_id: int) -> Notebook | None:
         return _fail_notebook(notebook_id, None, f"its server ended {restarts} times")
     with transaction.atomic():
         Notebook.objects.filter(pk=notebook_id).update(
-            state=Notebook.State.STARTING, backend_state={**_without(state, "run"), "restarts": restarts}
+            state=Notebook.State.STARTING, backend_state={**claims.without(state, "run"), "restarts": restarts}
         )
     return _start_notebook(notebook_id)
 
 
 def _teardown_notebook(notebook_id: int) -> Notebook:
-    with transaction.atomic():
-        notebook = (
-            Notebook.objects.select_for_update(of=("self",))
-            .select_related("workspace", "instance__cluster")
-            .get(pk=notebook_id)
-        )
+    """Stop a notebook's server with no row locked (a stop may wait out a grace period), then
+    record it stopped. A start that records a server meanwhile has it stopped too; one still
+    under way stops what it made when it finds the notebook stopped."""
+    for _ in range(3):
+        notebook = Notebook.objects.select_related("instance__cluster").get(pk=notebook_id)
         if notebook.state in (Notebook.State.STOPPED, Notebook.State.FAILED):
             return notebook
         _remove_route(notebook)
-        if notebook.backend_state.get("run"):
+        run = notebook.backend_state.get("run")
+        if run:
             backend = _backend(notebook.instance.cluster, notebook.backend_state)
             backend.stop(STOP_GRACE_S)  # raises if something survived: reconcile tries again
             backend.clear_state()
-        _end_notebook(notebook, Notebook.State.STOPPED)
-    return notebook
+        with transaction.atomic():
+            notebook = Notebook.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=notebook_id)
+            if notebook.state in (Notebook.State.STOPPED, Notebook.State.FAILED):
+                return notebook
+            if notebook.backend_state.get("run") in (None, run):
+                _end_notebook(notebook, Notebook.State.STOPPED)
+                return notebook
+    raise BackendError(f"notebook {notebook_id} was started again while it was being stopped")
 
 
 # -- triggers and reconcile -----------------------------------------------------------------------
@@ -480,8 +432,6 @@ def _teardown_notebook(notebook_id: int) -> Notebook:
 
 def request_compute_sync(kind: str, pk: int) -> None:
     """Once committed, have the worker converge an instance or notebook (see PORTAL_WORKLOAD_TRIGGER)."""
-    from apps.scheduling.trigger import request_workload
-
     request_workload(kind, pk)
 
 
@@ -531,7 +481,7 @@ def _converge_or_dispatch(converge: Any, kind: str, pk: int) -> None:
         return
     starting = row["state"] in (Instance.State.PROVISIONING, Notebook.State.PENDING, Notebook.State.STARTING)
     if starting and settings.PORTAL_WORKLOAD_TRIGGER == "task":
-        if not _claim_live(row["backend_state"].get("starting"), float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S)):
+        if not claims.claim_live(row["backend_state"].get("starting"), float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S)):
             request_compute_sync(kind, pk)
         return
     converge(pk)
@@ -563,45 +513,48 @@ def _sync_routes() -> tuple[int, int]:
 
 
 def sweep_orphans() -> int:
-    """Stop what a worker killed between starting a workload and recording it left behind: local
-    process groups and Slurm jobs of this portal that no live workload recorded and none is
-    starting right now. Returns how many were stopped."""
-    from apps.jobs.models import Job
-    from workers.backends import local, slurm
+    """Stop what a worker killed between starting a workload and recording it left behind, on every
+    cluster that is enabled or holds a live workload: its backend's ``sweep_orphans()`` keeps what
+    live workloads recorded and the workloads starting right now. Returns how many were stopped."""
+    from apps.inventory.models import Cluster
+    from workers.backends.base import Keep
 
-    owner = str(settings.PORTAL_WORK_DIR)
+    recorded, starting = _recorded_and_starting()
+    clusters = list(Cluster.objects.filter(Q(enabled=True) | Q(pk__in=recorded)).order_by("pk"))
+    # Clusters of one kind may see each other's workloads (this machine's processes, the jobs one
+    # Slurm controller lists): each keeps what any of them recorded.
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for cluster in clusters:
+        by_kind.setdefault(cluster.kind, []).extend(recorded.get(cluster.pk, []))
+    stopped = 0
+    for cluster in clusters:
+        keep = Keep(tuple(by_kind[cluster.kind]), frozenset(starting))
+        try:
+            stopped += len(backend_for(cluster).sweep_orphans(str(settings.PORTAL_WORK_DIR), keep))
+        except BackendError:
+            logger.warning("could not look for orphaned workloads on cluster %s", cluster.name, exc_info=True)
+    return stopped
+
+
+def _recorded_and_starting() -> tuple[dict[int, list[dict[str, Any]]], set[str]]:
+    """The backend states that live workloads recorded, by cluster id, and the keys of the
+    workloads being started right now (not recorded yet)."""
+    from apps.jobs.models import Job
+
     timeout = float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S) + 600
-    recorded: list[dict[str, Any]] = []
-    starting: set[str] = {
-        f"job-{pk}" for pk in Job.objects.filter(state=Job.State.ADMITTED).values_list("pk", flat=True)
-    }
+    recorded: dict[int, list[dict[str, Any]]] = {}
+    starting = {f"job-{pk}" for pk in Job.objects.filter(state=Job.State.ADMITTED).values_list("pk", flat=True)}
     for model, prefix, states, cluster in (
         (Job, "job", Job.ACTIVE_STATES, "cluster"),
         (Instance, "instance", Instance.LIVE_STATES, "cluster"),
         (Notebook, "notebook", Notebook.LIVE_STATES, "instance__cluster"),
     ):
-        rows = model.objects.filter(state__in=states).values_list("pk", "backend_state", f"{cluster}__kind")
-        for pk, state, kind in rows:
-            if state.get("run"):
-                recorded.append({**state["run"], "cluster_kind": kind})
-            if _claim_live(state.get("starting"), timeout):
+        for pk, state, cluster_id in model.objects.filter(state__in=states).values_list("pk", "backend_state", cluster):
+            if state.get("run") and cluster_id is not None:
+                recorded.setdefault(cluster_id, []).append(state["run"])
+            if claims.claim_live(state.get("starting"), timeout):
                 starting.add(f"{prefix}-{pk}")
-    local_runs = [run for run in recorded if run["cluster_kind"] == "local"]
-    pids = {int(replica["pid"]) for run in local_runs for replica in run.get("replicas", [])}
-    stopped = len(local.sweep_orphans(owner, keep_pids=pids, keep_keys=starting))
-    if any(run["cluster_kind"] == "slurm" for run in recorded) or _slurm_registered():
-        slurm_ids = {str(run.get("job_id")) for run in recorded if run["cluster_kind"] == "slurm"}
-        try:
-            stopped += len(slurm.sweep_orphans(owner, keep_ids=slurm_ids, keep_keys=starting))
-        except BackendError:
-            logger.warning("could not look for orphaned Slurm jobs", exc_info=True)
-    return stopped
-
-
-def _slurm_registered() -> bool:
-    from apps.inventory.models import Cluster
-
-    return Cluster.objects.filter(kind="slurm", enabled=True).exists()
+    return recorded, starting
 
 
 def stop_local_compute() -> int:
@@ -616,7 +569,7 @@ def stop_local_compute() -> int:
                 row = model.objects.select_for_update(of=("self",)).select_related(cluster).get(pk=pk)
                 owner = row.instance.cluster if isinstance(row, Notebook) else row.cluster
                 _stop_quietly(_backend(owner, row.backend_state), f"{model.__name__} {pk}")
-                row.backend_state = _without(row.backend_state, "run")
+                row.backend_state = claims.without(row.backend_state, "run")
                 row.save(update_fields=["backend_state"])
                 stopped += 1
     return stopped

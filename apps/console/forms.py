@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from rest_framework import serializers
 
-from apps.api.errors import ActionError
+from apps.errors import ActionError
 from apps.web.common import Errors, refused, serializer_context, validated
 
 

@@ -15,8 +15,8 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts import actions
 from apps.accounts.api import GroupSerializer, UserSerializer
-from apps.api.errors import ActionError
 from apps.console.forms import form_data, save
+from apps.errors import ActionError
 from apps.web.common import action_kwargs, admin_only, page
 from apps.workspaces.models import Workspace
 

@@ -12,9 +12,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from apps.api.errors import ActionError
 from apps.catalog.models import ComputeProfile
 from apps.console.forms import form_data, save
+from apps.errors import ActionError
 from apps.web.common import action_kwargs, admin_only, page
 from apps.web.usage import quota_use
 from apps.workspaces import actions

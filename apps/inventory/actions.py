@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
@@ -13,17 +14,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.db.models.deletion import ProtectedError
 from django.utils import timezone
-from rest_framework import status
 
-from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
-from apps.inventory.discovery import GPUInfo, NodeFacts, gpus_by_node, local_gpus, slurm_nodes
+from apps.audit.events import Event
+from apps.errors import ActionError, Conflict
+from apps.inventory.discovery import GPUInfo, gpus_by_node, local_gpus
 from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
 from apps.names import validate_dns_label
 from apps.scheduling.trigger import request_cycle
-from workers.backends.base import BackendError
+from workers.backends.base import BackendError, NodeInfo, PolicyRefusal
 from workers.backends.registry import backend_for
-from workers.backends.slurm import SlurmBackend
 
 LOCAL_CLUSTER = "local"
 
@@ -69,7 +69,7 @@ def do_sync_local_cluster(
         cluster.discovered_at = timezone.now()
         cluster.save(update_fields=["discovered_at"])
         do_log_event(
-            "cluster.discover",
+            Event.CLUSTER_DISCOVER,
             cluster,
             acting_user=acting_user,
             origin=origin,
@@ -93,7 +93,7 @@ def do_save_cluster(cluster: Cluster, fields: dict[str, Any], *, acting_user: An
             raise ActionError(f"A cluster named {cluster.name} already exists.", field="name") from None
         changed.pop("connection", None)  # may hold credentials: never in the audit trail
         do_log_event(
-            "cluster.create" if created else "cluster.update",
+            Event.CLUSTER_CREATE if created else Event.CLUSTER_UPDATE,
             cluster,
             acting_user=acting_user,
             origin=origin,
@@ -109,7 +109,7 @@ def do_delete_cluster(cluster: Cluster, *, acting_user: Any, origin: Origin = SY
     with transaction.atomic():
         if Allocation.objects.filter(gpu__node__pool__cluster=cluster).exists():
             raise Conflict(f"Cluster {cluster.name} has GPUs in use; drain it first.")
-        do_log_event("cluster.delete", cluster, acting_user=acting_user, origin=origin)
+        do_log_event(Event.CLUSTER_DELETE, cluster, acting_user=acting_user, origin=origin)
         try:
             with transaction.atomic():
                 cluster.delete()
@@ -117,13 +117,13 @@ def do_delete_cluster(cluster: Cluster, *, acting_user: Any, origin: Origin = SY
             raise Conflict(f"Workloads still refer to cluster {cluster.name}; disable it instead.") from None
 
 
-# --- Clusters with their own scheduler: Slurm ----------------------------------------------------
+# --- Clusters with their own scheduler: Slurm, Kubernetes ----------------------------------------
 
 
 class ClusterUnavailable(ActionError):
     """The cluster did not answer, or answered with an error, when asked what it has."""
 
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    status_code = HTTPStatus.SERVICE_UNAVAILABLE
     code = "cluster_unavailable"
 
 
@@ -132,7 +132,7 @@ class Discovered:
     """What a cluster reported: its nodes (all of the pool's, GPUs or not) and their GPUs by node."""
 
     pool: str
-    nodes: list[NodeFacts]
+    nodes: list[NodeInfo]
     gpus: dict[str, list[GPUInfo]]
 
     @property
@@ -140,35 +140,32 @@ class Discovered:
         return sum(len(gpus) for gpus in self.gpus.values())
 
 
-def _pool_name(partition: str) -> str:
-    """The node pool of a Slurm partition, named after it (as a DNS label)."""
-    return re.sub(r"[^a-z0-9-]+", "-", partition.lower()).strip("-")[:63].strip("-") or "default"
+def _pool_name(pool: str) -> str:
+    """The node pool the backend files its nodes in (a Slurm partition), named after it (as a DNS label)."""
+    return re.sub(r"[^a-z0-9-]+", "-", pool.lower()).strip("-")[:63].strip("-") or "default"
 
 
 def discover_cluster(cluster: Cluster) -> Discovered:
-    """Ask a cluster's backend for its nodes and GPUs: for Slurm, the nodes of the partition named in
-    ``cluster.connection`` (``scontrol show node``). Writes nothing, so it is called outside any
-    transaction. ``ClusterUnavailable`` when the cluster does not answer."""
+    """Ask a cluster's backend for its nodes and GPUs (its ``nodes()`` and ``discover()``: for Slurm,
+    the nodes of the partition named in ``cluster.connection``; for Kubernetes, the API server's).
+    Writes nothing, so it is called outside any transaction. ``ClusterUnavailable`` when the
+    cluster does not answer; ``ActionError`` for connection settings the backend refuses or that
+    name nothing to discover (a partition without nodes), or a backend that cannot discover."""
     if cluster.kind == Cluster.Kind.LOCAL:
         raise ActionError("This machine is the cluster 'local': sync_inventory discovers it.", field="kind")
     try:
         backend = backend_for(cluster)
-    except BackendError:
-        backend = None
-    if not isinstance(backend, SlurmBackend):
-        raise ActionError(f"Discovery of {cluster.kind} clusters comes with their backend.", field="kind")
+    except BackendError as exc:  # connection settings the backend refuses
+        raise ActionError(exc.message, field="connection") from None
     try:
+        nodes = backend.nodes()
         gpus = gpus_by_node(backend.discover())
-        every = slurm_nodes(backend.scontrol_path, backend.command_timeout_s)
+    except PolicyRefusal as exc:
+        raise ActionError(str(exc), field="connection") from None
     except BackendError as exc:
-        raise ClusterUnavailable(f"Could not reach Slurm cluster {cluster.name}: {exc.message}") from None
-    nodes = [node for node in every if backend.partition in node.partitions]
-    if not nodes:
-        known = ", ".join(sorted({p for node in every for p in node.partitions})) or "none"
-        raise ActionError(
-            f"Slurm has no nodes in partition {backend.partition} (its partitions: {known}).", field="connection"
-        )
-    return Discovered(_pool_name(backend.partition), nodes, gpus)
+        kind = cluster.get_kind_display()
+        raise ClusterUnavailable(f"Could not reach {kind} cluster {cluster.name}: {exc.message}") from None
+    return Discovered(_pool_name(nodes[0].pool) if nodes else "default", nodes, gpus)
 
 
 def _apply_discovery(cluster: Cluster, found: Discovered) -> None:
@@ -179,7 +176,7 @@ def _apply_discovery(cluster: Cluster, found: Discovered) -> None:
     for facts in found.nodes:
         node = gone.pop(facts.name, None) or Node(name=facts.name)
         node.pool = pool
-        node.cpu_cores, node.memory_gb, node.state = facts.cpu_cores, facts.memory_gb, facts.state
+        node.cpu_cores, node.memory_gb, node.state = facts.cpu_cores, facts.memory_mb // 1024, facts.state
         node.save()
         gpus = found.gpus.get(facts.name, [])
         for info in gpus:
@@ -207,7 +204,7 @@ def _record_discovery(
     cluster.discovered_at = timezone.now()
     cluster.save(update_fields=["discovered_at"])
     do_log_event(
-        "cluster.discover",
+        Event.CLUSTER_DISCOVER,
         cluster,
         acting_user=acting_user,
         origin=origin,
@@ -219,7 +216,8 @@ def _record_discovery(
 
 def do_discover_cluster(cluster: Cluster, *, acting_user: Any = None, origin: Origin = SYSTEM) -> Cluster:
     """Refresh a registered cluster's nodes and GPUs from what it reports (local: NVML or the
-    declared inventory; Slurm: its partition's nodes). ``ClusterUnavailable`` if it does not answer."""
+    declared inventory; Slurm: its partition's nodes; Kubernetes: the API server's nodes).
+    ``ClusterUnavailable`` if it does not answer."""
     if cluster.kind == Cluster.Kind.LOCAL:
         return do_sync_local_cluster(acting_user=acting_user, origin=origin)
     found = discover_cluster(cluster)
@@ -236,7 +234,7 @@ def do_register_cluster(
     acting_user: Any = None,
     origin: Origin = SYSTEM,
 ) -> Cluster:
-    """Register a cluster with its own scheduler (Slurm) and the nodes and GPUs it reports, or
+    """Register a cluster with its own scheduler (Slurm, Kubernetes) and the nodes and GPUs it reports, or
     refresh one registered before (its connection settings are updated with `connection`).
 
     The cluster is asked first: if it does not answer (``ClusterUnavailable``) nothing is written.

@@ -73,7 +73,8 @@ class ClusterViewSet(PortalViewSet):
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
     def discover(self, request: Request, name: str | None = None) -> Response:
         """Refresh the cluster's nodes and GPUs from what it reports (local: NVML or the declared
-        inventory; Slurm: the nodes of its partition, from `scontrol`). 503 if the cluster does not answer."""
+        inventory; Slurm: the nodes of its partition, from `scontrol`; Kubernetes: the API server's nodes).
+        503 if the cluster does not answer."""
         cluster = self.get_object()
         actions.do_discover_cluster(cluster, **self.action_kwargs())
         return Response(self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data)

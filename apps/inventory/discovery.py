@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 
 from workers.backends.base import GpuInfo
-from workers.backends.slurm import run_command
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +45,10 @@ class GPUInfo:
 
 
 def gpu_type_from_model(model: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'Tesla T4' -> 't4'; 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
-    words = re.sub(r"^(nvidia|tesla|geforce|quadro)\s+", "", model.strip().lower())
-    words = re.sub(r"^(nvidia|tesla|geforce|quadro)\s+", "", words)
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'Tesla T4' -> 't4'; 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'.
+    Kubernetes labels write the words with dashes ('NVIDIA-H100-80GB-HBM3' -> 'h100')."""
+    words = re.sub(r"^(nvidia|tesla|geforce|quadro)[\s_-]+", "", model.strip().lower())
+    words = re.sub(r"^(nvidia|tesla|geforce|quadro)[\s_-]+", "", words)
     parts = re.split(r"[\s_]+", words) if words else ["gpu"]
     first = "-".join(parts[:2]) if parts[0] in _FAMILIES else parts[0]
     for known in sorted(KNOWN_TYPES, key=len, reverse=True):
@@ -108,57 +108,7 @@ def local_gpus(declared_spec: str) -> list[GPUInfo]:
     return parse_declared(declared_spec)
 
 
-# --- Clusters with their own scheduler (Slurm) ------------------------------------------------
-
-# Slurm node states (``scontrol show node``'s State=, e.g. ``IDLE+DRAIN``, ``DOWN*``) that keep work off a node.
-_SLURM_DOWN = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "FUTURE",
-                         "UNKNOWN"})  # fmt: skip
-_SLURM_DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAILING", "MAINTENANCE", "REBOOT_REQUESTED",
-                            "REBOOT_ISSUED"})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """One node as its cluster describes it: CPUs, memory (whole GiB, rounded down), state, partitions."""
-
-    name: str
-    cpu_cores: int
-    memory_gb: int
-    state: str  # "ready", "drained" or "down", as Node.State
-    partitions: tuple[str, ...] = ()
-
-
-def slurm_node_state(state: str) -> str:
-    """'IDLE' -> ready; 'MIXED+DRAIN' -> drained; 'DOWN*', 'IDLE*' (not responding) -> down."""
-    flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
-    if flags & _SLURM_DOWN:
-        return "down"
-    if flags & _SLURM_DRAINED:
-        return "drained"
-    return "ready"
-
-
-def parse_slurm_nodes(out: str) -> list[NodeFacts]:
-    """Every node of ``scontrol show node -o`` (one line per node)."""
-    nodes = []
-    for line in out.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        name = fields.get("NodeName")
-        if not name:
-            continue
-        cpus = fields.get("CPUTot", "0")
-        memory_mb = fields.get("RealMemory", "0")
-        partitions = fields.get("Partitions", "")
-        nodes.append(
-            NodeFacts(
-                name=name,
-                cpu_cores=int(cpus) if cpus.isdigit() else 0,
-                memory_gb=int(memory_mb) // 1024 if memory_mb.isdigit() else 0,
-                state=slurm_node_state(fields.get("State", "UNKNOWN")),
-                partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
-            )
-        )
-    return nodes
+# --- Clusters with their own scheduler (Slurm, Kubernetes) -------------------------------------
 
 
 def gpus_by_node(found: list[GpuInfo]) -> dict[str, list[GPUInfo]]:
@@ -177,8 +127,3 @@ def gpus_by_node(found: list[GpuInfo]) -> dict[str, list[GPUInfo]]:
             GPUInfo(int(index), gpu_type, model, info.memory_mb or memory_mb, architecture, info.uuid)
         )
     return nodes
-
-
-def slurm_nodes(scontrol_path: str = "scontrol", timeout_s: float = 20.0) -> list[NodeFacts]:
-    """Every node Slurm knows, from ``scontrol show node -o``; ``BackendError`` where Slurm does not answer."""
-    return parse_slurm_nodes(run_command([scontrol_path, "show", "node", "-o"], timeout_s))

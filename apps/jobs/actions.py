@@ -6,12 +6,14 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.audit.actions import SYSTEM, Origin, do_log_event
+from apps.audit.events import Event
+from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster, Node
 from apps.jobs.models import Job
 from apps.scheduling.limits import check_request_size, gpus_per_node, replica_slots
@@ -97,7 +99,7 @@ def check_submit_job(
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(
-            "job.submit",
+            Event.JOB_SUBMIT,
             job,
             acting_user=acting_user,
             origin=origin,
@@ -189,7 +191,7 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         job.estimated_start_at = None
         job.save()
         do_log_event(
-            "job.cancel",
+            Event.JOB_CANCEL,
             job,
             acting_user=acting_user,
             origin=origin,
@@ -218,20 +220,16 @@ def do_preempt_job(
             return job
         previous = job.state
         Allocation.objects.filter(job=job).delete()
-        now = timezone.now()
-        job.attempt_set.filter(finished_at__isnull=True).update(finished_at=now, outcome="preempted", reason=reason)
+        _close_attempt(job, "preempted", reason)
         if job.started_at is None:
-            job.state = Job.State.QUEUED
-            job.admitted_at = None
-            job.cluster = None
-            job.wait_reason = f"requeued after preemption: {reason}"[:500]
+            back_in_line(job, f"requeued after preemption: {reason}")
         else:
             job.state = Job.State.PREEMPTED
             job.wait_reason = reason[:500]
             job.backend_state = {**job.backend_state, "preempt": {"reason": reason, "grace_s": grace_s}}
         job.save()
         do_log_event(
-            "job.preempt",
+            Event.JOB_PREEMPT,
             job,
             acting_user=acting_user,
             origin=origin,
@@ -244,6 +242,13 @@ def do_preempt_job(
     return job
 
 
+def unready_backoff_s(job: Job) -> float:
+    """How long a gang that did not become ready waits before its next admission: doubling with
+    each such requeue, up to PORTAL_GANG_BACKOFF_MAX_S."""
+    requeues = int(job.backend_state.get("not_ready_requeues", 0))
+    return float(min(settings.PORTAL_GANG_BACKOFF_S * 2**requeues, settings.PORTAL_GANG_BACKOFF_MAX_S))
+
+
 def do_requeue_unready_job(job: Job, *, timeout_s: int, backoff_s: float) -> Job:
     """Requeue an admitted gang that did not become ready (RUNNING) within `timeout_s`.
 
@@ -254,20 +259,17 @@ def do_requeue_unready_job(job: Job, *, timeout_s: int, backoff_s: float) -> Job
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.state != Job.State.ADMITTED:
             return job
-        Allocation.objects.filter(job=job).delete()
         requeues = int(job.backend_state.get("not_ready_requeues", 0)) + 1
-        job.state = Job.State.QUEUED
-        job.admitted_at = None
-        job.cluster = None
-        job.eligible_at = timezone.now() + timedelta(seconds=backoff_s)
-        job.wait_reason = (
+        back_in_line(
+            job,
             f"requeued: its {job.replicas} replica(s) were not all running {timeout_s} s after admission; "
-            f"eligible again in {int(backoff_s)} s"
+            f"eligible again in {int(backoff_s)} s",
+            backoff_s=backoff_s,
         )
         job.backend_state = {**job.backend_state, "not_ready_requeues": requeues}
         job.save()
         do_log_event(
-            "job.requeue",
+            Event.JOB_REQUEUE,
             job,
             workspace=job.workspace,
             data={"reason": "not ready in time", "requeues": requeues, "backoff_s": backoff_s},
@@ -275,3 +277,41 @@ def do_requeue_unready_job(job: Job, *, timeout_s: int, backoff_s: float) -> Job
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
         request_cycle()
     return job
+
+
+def do_requeue_job(job: Job, *, reason: str, outcome: str = "interrupted") -> Job:
+    """Put a job whose run ended before its work did back in line, keeping its place: a preempted
+    job once its backend stopped it, or a job the embedded portal stopped on its way down."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.is_final or job.state == Job.State.QUEUED:
+            return job
+        _close_attempt(job, outcome, reason)
+        back_in_line(job, f"requeued: {reason}"[:500])
+        job.save()
+        do_log_event(Event.JOB_REQUEUE, job, workspace=job.workspace, data={"reason": reason})
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
+        request_cycle()
+    return job
+
+
+def back_in_line(job: Job, wait_reason: str, *, backoff_s: float = 0.0) -> None:
+    """The one way a job goes back to QUEUED (the caller saves it): its GPUs and cluster given up,
+    its run and any start under way forgotten, its place in the queue kept (its `seq`), and not
+    admitted again before `backoff_s` has passed."""
+    Allocation.objects.filter(job=job).delete()
+    job.state = Job.State.QUEUED
+    job.admitted_at = job.started_at = None
+    job.cluster = None
+    job.wait_reason = wait_reason[:500]
+    if backoff_s:
+        job.eligible_at = timezone.now() + timedelta(seconds=backoff_s)
+    job.backend_state = {
+        k: v for k, v in job.backend_state.items() if k not in ("run", "stopped", "starting", "preempt")
+    }
+
+
+def _close_attempt(job: Job, outcome: str, reason: str) -> None:
+    job.attempt_set.filter(finished_at__isnull=True).update(
+        finished_at=timezone.now(), outcome=outcome, reason=reason[:2000]
+    )

@@ -19,10 +19,13 @@ from django.utils import timezone
 
 from apps.accounts.tokens import workload_env
 from apps.audit.actions import do_log_event
+from apps.audit.events import JOB_ENDS, Event
 from apps.inventory.models import Allocation
+from apps.jobs.actions import do_requeue_job, do_requeue_unready_job, unready_backoff_s
 from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_cycle
+from apps.workloads import claims
 from apps.workspaces.live import notify
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, JobSpec, PolicyRefusal
@@ -64,9 +67,7 @@ def _spec(job: Job) -> JobSpec:
 
 
 def _backend(job: Job) -> Backend:
-    backend = backend_for(job.cluster)
-    backend.load_state(job.backend_state.get("run", {}))
-    return backend
+    return backend_for(job.cluster, job.backend_state.get("run", {}))
 
 
 def _end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
@@ -83,7 +84,7 @@ def _end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
         finished_at=now, exit_code=exit_code, outcome=state.lower(), reason=reason[:2000]
     )
     job.save()
-    do_log_event(f"job.{state.lower()}", job, workspace=job.workspace, data={"exit_code": exit_code, "reason": reason})
+    do_log_event(JOB_ENDS[state], job, workspace=job.workspace, data={"exit_code": exit_code, "reason": reason})
     live = {"id": job.pk, "state": job.state, "exit_code": exit_code, "progress": job.progress}
     notify(job.workspace_id, "job", live)
     request_cycle()
@@ -92,42 +93,72 @@ def _end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
 def do_start_job(job_id: int) -> Job | None:
     """Start an admitted job on its cluster; returns once its processes run.
 
-    A refusal or a permanent backend error fails the job with the message; a transient one is
-    raised for the task to retry.
+    The job is claimed, not locked, while its backend starts it (apps/workloads/claims.py): a
+    cancel, a preemption or a scheduling cycle never waits on a backend. A start that does not
+    return within ``PORTAL_GANG_READY_TIMEOUT_S`` is stopped and the job requeued with backoff, as
+    a gang that did not become ready is; a refusal or a permanent backend error is stopped, cleared
+    and fails the job with the message; a transient one is stopped, cleared and raised for the
+    task to retry.
     """
+    timeout_s = float(settings.PORTAL_GANG_READY_TIMEOUT_S)
+    token = claims.claim(Job, job_id, (Job.State.ADMITTED,), timeout_s)
+    if token is None:
+        return Job.objects.filter(pk=job_id).first()  # cancelled, preempted, started or being started
+    job = Job.objects.select_related("workspace", "cluster").get(pk=job_id)
+    backend = backend_for(job.cluster)
+    try:
+        endpoint = claims.start_within(backend, _spec(job), timeout_s)
+    except (PolicyRefusal, BackendError, claims.StartTimedOut) as exc:
+        claims.stop_and_clear(backend, f"job {job_id}", STOP_GRACE_S)
+        if isinstance(exc, claims.StartTimedOut):
+            claims.release(Job, job_id, token)
+            return requeue_unready(job_id)
+        if isinstance(exc, BackendError) and not exc.permanent:
+            claims.release(Job, job_id, token)
+            raise
+        reason = str(exc) if isinstance(exc, PolicyRefusal) else f"could not start: {exc}"
+        return _fail_start(job_id, token, reason)
     with transaction.atomic():
-        job = (
-            Job.objects.select_for_update(of=("self",)).select_related("workspace", "cluster").filter(pk=job_id).first()
-        )
-        if job is None or job.state != Job.State.ADMITTED:
-            return job  # cancelled, preempted or started meanwhile: nothing to do
-        try:
-            backend = backend_for(job.cluster)
-            endpoint = backend.start(_spec(job))
-        except PolicyRefusal as exc:
-            _end(job, Job.State.FAILED, exit_code=None, reason=str(exc))
-            return job
-        except BackendError as exc:
-            if not exc.permanent:
-                raise
-            _end(job, Job.State.FAILED, exit_code=None, reason=f"could not start: {exc}")
+        job = Job.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=job_id)
+        if not claims.holds(job, token) or job.state != Job.State.ADMITTED:
+            # cancelled, preempted or requeued while it started: what started is stopped
+            claims.stop_and_clear(backend, f"job {job_id}", STOP_GRACE_S)
             return job
         now = timezone.now()
         job.state = Job.State.RUNNING
         job.started_at = now
         job.attempts += 1
         job.wait_reason = ""
-        job.backend_state = {**job.backend_state, "run": backend.get_state()}
+        job.backend_state = {**claims.without(job.backend_state, "starting"), "run": backend.get_state()}
         job.save()
         JobAttempt.objects.create(job=job, number=job.attempts, started_at=now)
         do_log_event(
-            "job.start",
+            Event.JOB_START,
             job,
             workspace=job.workspace,
             data={"attempt": job.attempts, "endpoint": f"{endpoint.host}:{endpoint.port}"},
         )
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
     return job
+
+
+def _fail_start(job_id: int, token: str, reason: str) -> Job:
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=job_id)
+        if claims.holds(job, token) and job.state == Job.State.ADMITTED:
+            job.backend_state = claims.without(job.backend_state, "starting")
+            _end(job, Job.State.FAILED, exit_code=None, reason=reason)
+    return job
+
+
+def requeue_unready(job_id: int) -> Job | None:
+    """Requeue an admitted job that is not running in time, with backoff doubling per requeue
+    (the scheduler loop's check, and a start that overran its timeout)."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    timeout_s = settings.PORTAL_GANG_READY_TIMEOUT_S
+    return do_requeue_unready_job(job, timeout_s=timeout_s, backoff_s=unready_backoff_s(job))
 
 
 def _record_artifacts(job: Job, backend: Backend) -> None:
@@ -138,32 +169,37 @@ def _record_artifacts(job: Job, backend: Backend) -> None:
 
 
 def do_sync_job(job_id: int) -> Job | None:
-    """Converge one job with its backend: record an exit, stop a cancelled or preempted one."""
-    with transaction.atomic():
-        job = (
-            Job.objects.select_for_update(of=("self",)).select_related("workspace", "cluster").filter(pk=job_id).first()
-        )
-        if job is None or not job.backend_state.get("run") or job.backend_state.get("stopped"):
-            return job
-        backend = _backend(job)
-        if job.state in (Job.State.CANCELLED, Job.State.PREEMPTED):
-            grace = float(job.backend_state.get("preempt", {}).get("grace_s", 0.0)) or STOP_GRACE_S
-            backend.stop(grace)
+    """Converge one job with its backend: record an exit, stop a cancelled or preempted one.
+
+    The backend is asked (a poll, a stop that waits out a grace period) with no row locked; what it
+    said is recorded in a short transaction, if the job is still as it was."""
+    job = Job.objects.select_related("workspace", "cluster").filter(pk=job_id).first()
+    if job is None or not job.backend_state.get("run") or job.backend_state.get("stopped"):
+        return job
+    run = job.backend_state["run"]
+    backend = _backend(job)
+    if job.state in (Job.State.CANCELLED, Job.State.PREEMPTED):
+        grace = float(job.backend_state.get("preempt", {}).get("grace_s", 0.0)) or STOP_GRACE_S
+        backend.stop(grace)
+        with transaction.atomic():
+            job = Job.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=job_id)
+            if job.backend_state.get("run") != run or job.backend_state.get("stopped"):
+                return job
             _record_artifacts(job, backend)
             job.backend_state = {**job.backend_state, "run": backend.get_state(), "stopped": True}
+            job.save(update_fields=["backend_state"])
             if job.state == Job.State.PREEMPTED:
-                job.state = Job.State.QUEUED  # back in line, keeping its place
-                job.admitted_at = job.started_at = None
-                job.cluster = None
-                job.backend_state = {k: v for k, v in job.backend_state.items() if k not in ("run", "stopped")}
-                request_cycle()
-            job.save()
+                return do_requeue_job(job, reason=job.wait_reason or "preempted", outcome="preempted")
             notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
-            return job
-        if job.state != Job.State.RUNNING:
-            return job
-        status = backend.poll()
-        progress = backend.progress()
+        return job
+    if job.state != Job.State.RUNNING:
+        return job
+    status = backend.poll()
+    progress = backend.progress()
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=job_id)
+        if job.state != Job.State.RUNNING or job.backend_state.get("run") != run:
+            return job  # cancelled or preempted meanwhile: the next sync stops it
         if status.running:
             if progress is not None and progress.fraction is not None and progress.fraction != job.progress:
                 job.progress = progress.fraction
@@ -228,20 +264,8 @@ def stop_local_jobs(reason: str = "the portal stopped") -> int:
     shutdown: it leaves no process behind, and the jobs run again at the next start)."""
     stopped = 0
     running = Job.objects.filter(state=Job.State.RUNNING, cluster__kind="local", backend_state__has_key="run")
-    for job_id in running.values_list("pk", flat=True):
-        with transaction.atomic():
-            job = Job.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=job_id)
-            _backend(job).stop(STOP_GRACE_S)
-            Allocation.objects.filter(job=job).delete()
-            job.attempt_set.filter(finished_at__isnull=True).update(
-                finished_at=timezone.now(), outcome="interrupted", reason=reason
-            )
-            job.state = Job.State.QUEUED
-            job.admitted_at = job.started_at = None
-            job.cluster = None
-            job.wait_reason = f"requeued: {reason}"
-            job.backend_state = {k: v for k, v in job.backend_state.items() if k not in ("run", "stopped")}
-            job.save()
-            do_log_event("job.requeue", job, workspace=job.workspace, data={"reason": reason})
-            stopped += 1
+    for job in running.select_related("cluster"):
+        _backend(job).stop(STOP_GRACE_S)
+        do_requeue_job(job, reason=reason)
+        stopped += 1
     return stopped

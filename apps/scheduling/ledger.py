@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from apps.scheduling.types import Workload, WorkspaceInfo, fmt_units, units_of
 
@@ -128,7 +129,7 @@ class Ledger:
         """The most a workspace lends when it uses nothing."""
         return self._contribution(name, gpu_type, 0)[0]
 
-    def ceiling(self, name: str, gpu_type: str, cohort_lendable: dict[tuple[str, str], int]) -> int:
+    def ceiling(self, name: str, gpu_type: str, cohort_lendable: Mapping[tuple[str, str], int]) -> int:
         """The most a workspace could ever hold: nominal plus all it could ever borrow."""
         nominal, borrowing_limit, _ = self._limits(name, gpu_type)
         ws = self.workspace(name)

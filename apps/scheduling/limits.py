@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from decimal import Decimal
 
-from apps.api.errors import ActionError, LimitExceeded
+from apps.errors import ActionError, LimitExceeded
 from apps.inventory.models import GPU
 from apps.workspaces.models import GPUQuota, Workspace
 

@@ -1,78 +1,77 @@
-"""Asking for a scheduling cycle once the current transaction commits."""
+"""Asking the worker for work once the current transaction commits: a scheduling cycle, a job's
+start or convergence, an instance's or notebook's, a notebook environment's build.
+
+Tasks are named here, never imported: this module sits below everything that runs them
+(workers/tasks.py), so that the flow runs one way. Each request goes the way its setting says:
+
+- ``task`` (production): sent to the broker, for a worker;
+- ``inline`` (the test switch): the same task run in this process (Celery's eager ``apply``), so
+  that tests run the code production runs;
+- ``off``: nothing is sent; the scheduler loop's periodic cycle and reconcile pick the change up.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
+# The tasks' names (workers/tasks.py defines them).
+SCHEDULE_CYCLE = "portal.schedule_cycle"
+START_JOB = "portal.start_job"
+SYNC_JOB = "portal.sync_job"
+CONVERGE = {"instance": "portal.converge_instance", "notebook": "portal.converge_notebook"}
+BUILD_NOTEBOOK_ENVIRONMENT = "portal.build_notebook_environment"
+
 
 def request_cycle() -> None:
     """Called by every action that changes demand or supply (submit, finish, quota change)."""
-    mode = settings.PORTAL_SCHEDULER_TRIGGER
-    if mode == "off":
-        return
-    if mode == "inline":
-        from apps.scheduling.adapter import run_cycle
-
-        transaction.on_commit(run_cycle)
-        return
-
-    def enqueue() -> None:
-        from workers.tasks import schedule_cycle
-
-        try:
-            schedule_cycle.delay(time.time())
-        except Exception:  # the periodic loop catches up if the broker is briefly away
-            logger.warning("could not queue a scheduling cycle; the scheduler loop will run it", exc_info=True)
-
-    transaction.on_commit(enqueue)
+    # When the request was sent: a cycle that began later already saw the change (coalescing).
+    _on_commit(settings.PORTAL_SCHEDULER_TRIGGER, SCHEDULE_CYCLE, lambda: (time.time(),))
 
 
 def request_job_sync(job_id: int, *, start: bool) -> None:
     """Once committed, have the worker start an admitted job (`start`) or converge it with its backend."""
-    mode = settings.PORTAL_WORKLOAD_TRIGGER
-    if mode == "off":
-        return
-    if mode == "inline":
-        from apps.jobs.running import do_start_job, do_sync_job
-
-        transaction.on_commit(lambda: (do_start_job if start else do_sync_job)(job_id))
-        return
-
-    def enqueue() -> None:
-        from workers.tasks import start_job, sync_job
-
-        try:
-            (start_job if start else sync_job).delay(job_id)
-        except Exception:  # the reconcile loop catches up if the broker is briefly away
-            logger.warning("could not queue job %s for the worker; reconcile will", job_id, exc_info=True)
-
-    transaction.on_commit(enqueue)
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, START_JOB if start else SYNC_JOB, lambda: (job_id,))
 
 
 def request_workload(kind: str, pk: int) -> None:
     """Once committed, have the worker converge an instance or a notebook (`kind`) with its backend."""
-    mode = settings.PORTAL_WORKLOAD_TRIGGER
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, CONVERGE[kind], lambda: (pk,))
+
+
+def request_environment_build(notebook_id: int) -> None:
+    """Once committed, have a worker build a starting notebook's environment (a task of its own,
+    on the provision queue, which asks for the notebook's start again once built)."""
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, BUILD_NOTEBOOK_ENVIRONMENT, lambda: (notebook_id,))
+
+
+def _on_commit(mode: str, name: str, args: Callable[[], tuple[Any, ...]]) -> None:
     if mode == "off":
         return
-    if mode == "inline":
-        from apps.compute.running import converge_instance, converge_notebook
 
-        converge = converge_instance if kind == "instance" else converge_notebook
-        transaction.on_commit(lambda: converge(pk))
-        return
-
-    def enqueue() -> None:
-        from workers.tasks import converge_instance, converge_notebook
-
+    def send() -> None:
+        if mode == "inline":
+            run_here(name, *args())
+            return
         try:
-            (converge_instance if kind == "instance" else converge_notebook).delay(pk)
-        except Exception:  # the reconcile loop catches up if the broker is briefly away
-            logger.warning("could not queue %s %s for the worker; reconcile will", kind, pk, exc_info=True)
+            current_app.send_task(name, args=args())  # routed by workers.tasks.route
+        except Exception:  # the scheduler loop catches up if the broker is briefly away
+            logger.warning("could not queue %s%s; the scheduler loop will catch up", name, args(), exc_info=True)
 
-    transaction.on_commit(enqueue)
+    transaction.on_commit(send)
+
+
+def run_here(name: str, *args: Any) -> Any:
+    """Run a task by name in this process, as a worker would run it (retries included); its
+    exception, if any, is raised here."""
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()  # CELERY_IMPORTS: the tasks module
+    return current_app.tasks[name].apply(args=args, throw=True).get()

@@ -18,9 +18,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from rest_framework import serializers
 
-from apps.api.errors import ActionError
 from apps.audit.actions import Origin
 from apps.audit.models import AuditEvent
+from apps.errors import ActionError
 from apps.workspaces.access import CHANGE, VIEW, can, restrict
 from apps.workspaces.models import Workspace
 

@@ -8,11 +8,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from apps.api.errors import ActionError
 from apps.catalog.models import ComputeProfile
 from apps.compute import actions
 from apps.compute.api import InstanceSerializer
+from apps.compute.kubeconfig import read_kubeconfig
 from apps.compute.models import Instance, Notebook
+from apps.errors import ActionError
 from apps.web.common import (
     Errors,
     action_kwargs,
@@ -28,8 +29,6 @@ from apps.web.common import (
 )
 from apps.workspaces.access import CHANGE
 from apps.workspaces.models import Workspace
-from workers.backends.base import BackendError
-from workers.backends.registry import backend_for
 
 PER_PAGE = 50
 STEP_FIELDS = {1: {"name", "description"}, 2: {"profile"}}
@@ -124,14 +123,10 @@ def instance_new(request: HttpRequest, ws: str) -> HttpResponse:
 
 
 def kubeconfig_of(instance: Instance) -> str | None:
-    """The instance's kubeconfig, where its backend has one (a Kubernetes namespace); else None."""
-    if instance.cluster is None or instance.state != Instance.State.RUNNING:
-        return None
+    """The instance's kubeconfig, where its backend has one now (a Kubernetes namespace); else None."""
     try:
-        backend = backend_for(instance.cluster)
-        backend.load_state(instance.backend_state.get("run", {}))
-        return backend.kubeconfig()
-    except BackendError:
+        return read_kubeconfig(instance)
+    except ActionError:
         return None
 
 
@@ -201,4 +196,5 @@ def instance_kubeconfig(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
         raise Http404("This instance has no kubeconfig.")
     response = HttpResponse(config, content_type="application/yaml")
     response["Content-Disposition"] = f'attachment; filename="{workspace.name}-{instance.name}.kubeconfig"'
+    response["Cache-Control"] = "no-store"  # a credential
     return response

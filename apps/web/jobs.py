@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from apps.api.errors import ActionError
+from apps.errors import ActionError
 from apps.inventory.models import GPU
 from apps.jobs import actions
 from apps.jobs.api import JobSerializer
@@ -173,7 +173,8 @@ def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
         "replicas": range(job.replicas),
         "env": sorted(job.env.items()),
     }
-    template = "web/jobs/_status.html" if is_fragment(request) else "web/jobs/detail.html"
+    context["fragment"] = is_fragment(request)
+    template = "web/jobs/_status.html" if context["fragment"] else "web/jobs/detail.html"
     return page(request, template, context)
 
 

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
-from apps.api.errors import ActionError
+from apps.errors import ActionError
 from apps.web.common import Errors, action_kwargs, page, signed_in, workspace_for
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, can

@@ -7,11 +7,11 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
-from apps.api.errors import ActionError
 from apps.catalog.models import NotebookProfile
 from apps.compute import actions
 from apps.compute.api import NotebookSerializer
 from apps.compute.models import Instance, Notebook
+from apps.errors import ActionError
 from apps.web.common import (
     Errors,
     action_kwargs,

@@ -9,8 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from apps.api.errors import ActionError, Conflict
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
+from apps.audit.events import Event
+from apps.errors import ActionError, Conflict
 from apps.names import GPU_TYPE_RE
 from apps.scheduling.trigger import request_cycle
 from apps.workspaces.models import Cohort, GPUQuota, Membership, Role, Workspace
@@ -65,7 +66,7 @@ def ensure_private_workspace(user: Any) -> Workspace:
         Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
         for gpu_type, gpus in parse_gpu_quota(settings.PORTAL_PRIVATE_GPU_QUOTA).items():
             GPUQuota.objects.create(workspace=workspace, gpu_type=gpu_type, gpus=gpus)
-        do_log_event("workspace.create", workspace, acting_user=user, workspace=workspace, data={"private": True})
+        do_log_event(Event.WORKSPACE_CREATE, workspace, acting_user=user, workspace=workspace, data={"private": True})
     return workspace
 
 
@@ -78,7 +79,7 @@ def do_create_workspace(*, acting_user: Any, origin: Origin = SYSTEM, **fields: 
         workspace = Workspace.objects.create(**fields)
         if allowed_profiles is not None:
             workspace.allowed_profiles.set(allowed_profiles)
-        do_log_event("workspace.create", workspace, acting_user=acting_user, origin=origin, workspace=workspace)
+        do_log_event(Event.WORKSPACE_CREATE, workspace, acting_user=acting_user, origin=origin, workspace=workspace)
     return workspace
 
 
@@ -94,7 +95,7 @@ def do_update_workspace(workspace: Workspace, *, acting_user: Any, origin: Origi
             workspace.allowed_profiles.set(allowed_profiles)
             changed["allowed_profiles"] = sorted(p.name for p in allowed_profiles)
         do_log_event(
-            "workspace.update", workspace, acting_user=acting_user, origin=origin, workspace=workspace, data=changed
+            Event.WORKSPACE_UPDATE, workspace, acting_user=acting_user, origin=origin, workspace=workspace, data=changed
         )
         request_cycle()
     return workspace
@@ -112,7 +113,7 @@ def do_delete_workspace(workspace: Workspace, *, acting_user: Any, origin: Origi
             or workspace.jobs.filter(state__in=Job.ACTIVE_STATES).exists()
         ):
             raise Conflict(f"Workspace {workspace.name} still has live instances or jobs; stop them first.")
-        do_log_event("workspace.delete", workspace, acting_user=acting_user, origin=origin)
+        do_log_event(Event.WORKSPACE_DELETE, workspace, acting_user=acting_user, origin=origin)
         workspace.delete()
 
 
@@ -130,7 +131,7 @@ def do_set_membership(
             membership.role = role
             membership.save()
         do_log_event(
-            "membership.set",
+            Event.MEMBERSHIP_SET,
             membership,
             acting_user=acting_user,
             origin=origin,
@@ -151,7 +152,7 @@ def do_remove_membership(membership: Membership, *, acting_user: Any, origin: Or
         if membership.role == Role.OWNER and _last_owner(membership):
             raise Conflict(f"{membership.user.get_username()} is the last owner of {membership.workspace.name}.")
         do_log_event(
-            "membership.remove",
+            Event.MEMBERSHIP_REMOVE,
             membership,
             acting_user=acting_user,
             origin=origin,
@@ -179,7 +180,7 @@ def do_set_gpu_quota(
             defaults={"gpus": gpus, "borrowing_limit": borrowing_limit, "lending_limit": lending_limit},
         )
         do_log_event(
-            "quota.set",
+            Event.QUOTA_SET,
             quota,
             acting_user=acting_user,
             origin=origin,
@@ -193,7 +194,7 @@ def do_set_gpu_quota(
 def do_delete_gpu_quota(quota: GPUQuota, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
     with transaction.atomic():
         do_log_event(
-            "quota.delete",
+            Event.QUOTA_DELETE,
             quota,
             acting_user=acting_user,
             origin=origin,
@@ -216,7 +217,7 @@ def do_save_cohort(cohort: Cohort | None, *, acting_user: Any, origin: Origin = 
         except IntegrityError:
             raise ActionError(f"A cohort named {cohort.name} already exists.", field="name") from None
         do_log_event(
-            "cohort.create" if created else "cohort.update",
+            Event.COHORT_CREATE if created else Event.COHORT_UPDATE,
             cohort,
             acting_user=acting_user,
             origin=origin,
@@ -228,6 +229,6 @@ def do_save_cohort(cohort: Cohort | None, *, acting_user: Any, origin: Origin = 
 
 def do_delete_cohort(cohort: Cohort, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
     with transaction.atomic():
-        do_log_event("cohort.delete", cohort, acting_user=acting_user, origin=origin)
+        do_log_event(Event.COHORT_DELETE, cohort, acting_user=acting_user, origin=origin)
         cohort.delete()
         request_cycle()

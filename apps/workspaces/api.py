@@ -10,12 +10,12 @@ from django.db.models import Prefetch, Q, Sum
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
-from apps.api.errors import RULE
 from apps.api.fields import NameField, WorkspaceField
 from apps.api.strict import StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, PortalViewSet, TenantViewSet
 from apps.catalog.models import ComputeProfile
 from apps.compute.models import Instance
+from apps.errors import RULE
 from apps.jobs.models import Job
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, restrict, role_in, roles_in

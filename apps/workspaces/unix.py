@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.workspaces.models import Workspace
 from workers.backends.base import BackendError, RunAs
 
@@ -121,7 +122,7 @@ def do_record_unix_account(workspace: Workspace, run_as: RunAs) -> None:
         updated = Workspace.objects.filter(pk=workspace.pk).exclude(unix_uid=run_as.uid).update(unix_uid=run_as.uid)
         if updated:
             do_log_event(
-                "workspace.unix_account",
+                Event.WORKSPACE_UNIX_ACCOUNT,
                 workspace,
                 workspace=workspace,
                 data={"user": run_as.user, "uid": run_as.uid},

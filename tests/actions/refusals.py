@@ -7,9 +7,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from apps.api.errors import ActionError
 from apps.audit.models import AuditEvent
 from apps.compute.models import Instance, Notebook
+from apps.errors import ActionError
 from apps.inventory.models import Allocation
 from apps.jobs.models import Job
 from apps.workspaces.models import GPUQuota, Workspace

@@ -6,11 +6,11 @@ from decimal import Decimal
 
 from django.contrib.auth.models import AnonymousUser, Group
 
-from apps.api.errors import ActionError, Conflict
 from apps.catalog.actions import do_delete_profile, do_save_profile
 from apps.catalog.models import ComputeProfile
 from apps.compute.actions import check_launch_instance
 from apps.compute.models import Instance
+from apps.errors import ActionError, Conflict
 from tests.actions.refusals import refused
 from tests.personas import World
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from apps.api.errors import ActionError, Conflict, LimitExceeded
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_instance
 from apps.compute.models import Instance, Notebook
+from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation
 from apps.jobs.actions import check_submit_job
 from apps.workspaces.models import Cohort, GPUQuota, Workspace

@@ -76,6 +76,9 @@ def test_it_refuses_a_bad_declared_inventory(spec: str) -> None:
         ("NVIDIA RTX A6000", "rtx-a6000"),
         ("Quadro RTX 8000", "rtx-8000"),
         ("NVIDIA TITAN V", "titan-v"),
+        ("NVIDIA-H100-80GB-HBM3", "h100"),  # as Kubernetes nodes' nvidia.com/gpu.product labels write them
+        ("NVIDIA-GeForce-RTX-4090", "rtx-4090"),
+        ("Tesla-T4", "t4"),
         ("", "gpu"),
         ("NVIDIA " + "x" * 31 + "-yz", "x" * 31),
     ],

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from apps.api.errors import ActionError, Conflict, LimitExceeded
+from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import GPU, Allocation, Node
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job

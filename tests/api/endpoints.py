@@ -20,6 +20,7 @@ from django.contrib.auth.models import Group
 
 from apps.accounts.actions import do_save_group, do_save_user
 from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.catalog.actions import do_save_profile
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook
@@ -75,6 +76,8 @@ class Endpoint:
     delete_by: str = "bob"
     actions: tuple[str, ...] = ()  # POST detail actions
     reads: tuple[str, ...] = ()  # GET detail actions: readers may use them, other tenants get a 404
+    # GET detail actions that hand out a credential: writers (change_by) may use them, readers get a 403
+    secret_reads: tuple[str, ...] = ()
     more: Callable[[World, range], None] | None = None
 
     def __str__(self) -> str:
@@ -161,7 +164,7 @@ def quota(world: World, workspace: Workspace) -> Any:
 
 
 def event(world: World, workspace: Workspace) -> Any:
-    return do_log_event("test.event", workspace, acting_user=acting(world, workspace), workspace=workspace)
+    return do_log_event(Event.WORKSPACE_UPDATE, workspace, acting_user=acting(world, workspace), workspace=workspace)
 
 
 def cohort(world: World, workspace: Workspace, name: str = "") -> Cohort:
@@ -289,7 +292,7 @@ ENDPOINTS = [
              create_by="admin", patch={"python_packages": ["jupyterlab", "torch"]}, change_by="admin", delete=True,
              delete_by="admin", more=more_profiles(NotebookProfile, image="quay.io/jupyter/base-notebook")),
     Endpoint("instances", instance, create=lambda w, ws: {"workspace": ws.name, "name": "box-2", "profile": "gpu-1"},
-             patch={"description": "Tuning"}, delete=True, more=more_instances),
+             patch={"description": "Tuning"}, delete=True, secret_reads=("kubeconfig",), more=more_instances),
     Endpoint("notebooks", notebook,
              create=lambda w, ws: {"instance": instance(w, ws, "host-2").pk, "name": "nb-2", "profile": "minimal"},
              patch={"description": "Plots"}, delete=True, more=more_notebooks),

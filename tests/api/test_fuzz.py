@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 from rest_framework.authtoken.models import Token
 from schemathesis.config import SchemathesisConfig
 
-from apps.api.errors import RULE
+from apps.errors import RULE
 from portal.wsgi import application
 from tests.personas import make_world
 

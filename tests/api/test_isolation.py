@@ -65,7 +65,7 @@ class TestEndpoint:
             assert row.delete == (hasattr(viewset, "destroy") and "delete" in methods), row
             extra = viewset.get_extra_actions()
             assert set(row.actions) == {a.url_path for a in extra if "post" in a.mapping}, row
-            assert set(row.reads) == {a.url_path for a in extra if set(a.mapping) == {"get"}}, row
+            assert set(row.reads + row.secret_reads) == {a.url_path for a in extra if set(a.mapping) == {"get"}}, row
             assert all(action.detail for action in viewset.get_extra_actions()), "list actions: extend the table"
             assert row.lookup == getattr(viewset, "lookup_field", "pk"), row
         others = {str(p.pattern) for p in api_urls.urlpatterns if isinstance(p, URLPattern)}
@@ -76,7 +76,7 @@ class TestEndpoint:
         hidden = row.hidden_object(world)
         alice = world.client(world.alice)
         assert alice.get(row.detail_url(hidden)).status_code == 404
-        for name in row.reads:
+        for name in row.reads + row.secret_reads:
             _assert_error(alice.get(f"{row.detail_url(hidden)}{name}/"), 404)
         assert str(getattr(hidden, row.lookup)) not in _listed(alice, row)
         for write in row.writes(hidden):
@@ -113,6 +113,12 @@ class TestEndpoint:
             assert response.status_code == 200, (persona, response.json())
             for name in row.reads:  # answered (maybe a 400 for a missing parameter), never refused
                 assert client.get(f"{row.detail_url(obj)}{name}/").status_code in (200, 400), (persona, name)
+            for name in row.secret_reads:  # refused below the writer; answered (maybe none there yet) above
+                secret = client.get(f"{row.detail_url(obj)}{name}/")
+                if rank(persona) < rank(row.change_by):
+                    _assert_error(secret, 403)
+                else:
+                    assert secret.status_code in (200, 404, 409), (persona, name, secret.content[:300])
             assert str(response.json()[row.key]) == str(getattr(obj, row.lookup))
             assert str(getattr(obj, row.lookup)) in _listed(client, row), persona
 

@@ -10,6 +10,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.jobs.actions import check_submit_job
 from tests.personas import World
 
@@ -45,7 +46,7 @@ def test_a_job_without_gpus_and_an_audit_event_of_no_workspace_match_the_schema(
 ) -> None:
     client = world.client(world.alice)
     job = check_submit_job(world.team_a, name="cpu", command="true", acting_user=world.alice)
-    do_log_event("user.login", world.alice, acting_user=world.alice)
+    do_log_event(Event.USER_UPDATE, world.alice, acting_user=world.alice)
 
     body = client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert body["gpu_type"] == "" and body["requested_cluster"] is None

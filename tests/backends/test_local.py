@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from workers.backends import BackendError, GpuInfo, JobSpec, PolicyRefusal, Status
-from workers.backends.local import TIMEOUT_EXIT_CODE, LocalBackend, parse_nvidia_smi
+from workers.backends.base import TIMEOUT_EXIT_CODE
+from workers.backends.local import LocalBackend, parse_nvidia_smi
 
 DEADLINE_S = 15.0
 

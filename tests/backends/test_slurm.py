@@ -151,6 +151,9 @@ def test_stop_cancels_and_leaves_squeue_empty(tmp_path: Path, make: Callable[[],
     job_id = backend.get_state()["job_id"]
     assert squeue_lists(job_id) == "RUNNING"
     assert backend.poll().running
+    deadline = time.monotonic() + 30  # RUNNING in squeue is not yet the script's trap: wait for it
+    while b"started" not in backend.logs(0)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
     backend.stop(grace_s=3)
     assert squeue_lists(job_id) == ""
     status = wait_exit(backend)

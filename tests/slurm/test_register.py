@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.api.errors import ActionError
 from apps.audit.models import AuditEvent
-from apps.inventory.actions import do_discover_cluster, do_register_cluster, do_save_cluster
-from apps.inventory.discovery import slurm_node_state
+from apps.errors import ActionError
+from apps.inventory.actions import do_discover_cluster, do_register_cluster
 from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
 from apps.jobs.actions import check_submit_job
 from tests.personas import World
+from workers.backends.slurm import node_state
 
 NODES = [f"node{i}" for i in range(1, 5)]
 
@@ -148,16 +148,4 @@ def test_a_refresh_removes_vanished_nodes_unless_a_workload_holds_their_gpus(wor
     ],
 )
 def test_it_reads_slurm_node_states(state: str, expected: str) -> None:
-    assert slurm_node_state(state) == expected
-
-
-def test_it_refuses_discovery_of_a_kind_without_it(world: World) -> None:
-    do_save_cluster(Cluster(), {"name": "k8s", "kind": "kubernetes"}, acting_user=world.admin)
-
-    response = world.client(world.admin).post("/api/v1/clusters/k8s/discover/")
-
-    assert response.status_code == 400
-    assert response.json()["error"]["fields"] == {
-        "kind": ["Discovery of kubernetes clusters comes with their backend."]
-    }
-    assert not Node.objects.filter(pool__cluster__name="k8s").exists()
+    assert node_state(state) == expected

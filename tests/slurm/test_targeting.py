@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from apps.api.errors import ActionError
+from apps.errors import ActionError
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.inventory.models import Allocation, Cluster

@@ -5,9 +5,25 @@ Nothing here imports Django: a backend is plain Python, driven by Celery tasks t
 
 from __future__ import annotations
 
+import os
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+
+#: The layout of every backend's state blob: ``load_state()`` refuses a blob of another version.
+STATE_VERSION = 1
+#: Exit codes a backend reports where the workload left none of its own (those of timeout(1) and shells).
+TIMEOUT_EXIT_CODE = 124  # killed for running past its time limit (``max_runtime_s``)
+STOPPED_EXIT_CODE = 143  # stopped on request (SIGTERM)
+UNKNOWN_EXIT_CODE = 255  # ended without an exit code the backend could learn (killed from outside, a node failure)
+#: A job's self-reported progress: a line ``PROGRESS <fraction>`` in its output.
+PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_DEVICE_RE = re.compile(r"^[0-9]{1,3}$")
+_RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 
 
 class PolicyRefusal(Exception):
@@ -184,43 +200,88 @@ class GpuInfo:
     uuid: str = ""
 
 
+@dataclass(frozen=True)
+class Keep:
+    """What an orphan sweep leaves alone: the states (``get_state()`` blobs) of the workloads the portal
+    recorded on the backend's cluster, and the keys of the workloads being started right now (whose
+    state is not recorded yet)."""
+
+    states: tuple[dict[str, Any], ...] = ()
+    keys: frozenset[str] = frozenset()
+
+
 class Backend(ABC):
     """Runs workloads somewhere: this machine, a Slurm cluster, a Kubernetes cluster.
 
     **How a backend is driven.** One backend object serves one workload. The caller (a Celery
-    task) creates it, calls ``load_state()`` with the JSON blob saved on the workload's row (empty
-    for a new workload), calls one or more hooks, then saves ``get_state()`` back on the row. A
-    worker may die between any two calls: everything a backend needs to find its workload again
-    goes into that blob, never into memory alone.
+    task) gets it from ``workers/backends/registry.py: backend_for(cluster, state)``, which builds it
+    from the cluster's settings and calls ``load_state()`` with the JSON blob saved on the workload's
+    row (none for a new workload); it calls one or more hooks, then saves ``get_state()`` back on the
+    row. A worker may die between any two calls: everything a backend needs to find its workload
+    again goes into that blob, never into memory alone.
 
     **What the caller owns, so that backends stay small.** Timeouts around every hook, retries
     (only of ``BackendError`` with ``permanent=False``, with backoff), cleanup on failure (if
     ``start()`` raises, the caller calls ``stop()`` and then ``clear_state()``), persisting the
     state blob, and reconciling: a periodic task polls every running workload and converges the
-    row to what ``poll()`` says.
+    row to what ``poll()`` says, and asks each cluster's backend to ``sweep_orphans()``.
 
     **Errors.** ``PolicyRefusal``: the user asked for something not allowed; the message is shown
     to them, nothing is retried. ``BackendError(message, permanent=...)``: the backend failed;
     transient ones may be retried, permanent ones fail the workload. Any other exception is a bug.
 
-    **What to override.** Every hook below (they are abstract); the base class implements none of them.
-    Hooks must be idempotent where the caller may repeat them: ``stop()`` on a stopped workload
-    and ``poll()`` after the exit are harmless and return the same answer.
+    **What to override.** The abstract hooks (``poll``, ``stop``, the state, ``logs``, ``progress``)
+    always; ``start_job``, ``start_instance`` and ``start_notebook`` for the kinds of workload the
+    backend runs (``start()`` dispatches to them); the others where their default does not fit:
+    ``artifacts()`` (none), ``kubeconfig()`` (none), ``discover()`` and ``nodes()`` (no inventory),
+    ``sweep_orphans()`` (nothing to sweep). Hooks must be idempotent where the caller may repeat
+    them: ``stop()`` on a stopped workload and ``poll()`` after the exit are harmless and return the
+    same answer. Helpers a backend shares with another live here or in a module of their own
+    (``files``, ``processes``); no backend imports another.
     """
 
     #: The name the backend is chosen by in settings.
     name: str = ""
 
-    @abstractmethod
+    # -- start ---------------------------------------------------------------------------------
+
     def start(self, spec: Spec) -> Endpoint:
         """Start the workload and return once it is really running (not merely submitted).
 
-        The spec says which kind of workload: a job, an instance or a notebook (a notebook is
-        running once its server answers). A backend that cannot run a kind raises
-        ``BackendError(permanent=True)``. Returns where it can be reached. Calling ``start()``
-        again while the same workload runs returns the same endpoint. Raises ``PolicyRefusal``
-        for a spec the user must fix, ``BackendError`` otherwise; on either, nothing of the workload is left running.
+        The spec says which kind of workload, and this calls the hook for it: ``start_job()``,
+        ``start_instance()`` or ``start_notebook()`` (a backend overrides those; it may wrap this
+        to check its state first). Returns where the workload can be reached. Calling ``start()``
+        again while the same workload runs returns the same endpoint. Raises ``PolicyRefusal`` for
+        a spec the user must fix, ``BackendError`` otherwise; on either, nothing of the workload is
+        left running.
         """
+        if isinstance(spec, InstanceSpec):
+            return self.start_instance(spec)
+        if isinstance(spec, NotebookSpec):
+            return self.start_notebook(spec)
+        return self.start_job(spec)
+
+    def start_job(self, spec: JobSpec) -> Endpoint:
+        """Start a job's ``replicas`` as a gang; return its rendezvous address (``MASTER_ADDR``,
+        ``MASTER_PORT``). ``PolicyRefusal`` for env or artifact paths the job may not have (see
+        ``validate_spec()``). Default: ``BackendError(permanent=True)``, this backend runs no jobs."""
+        raise self._cannot_run("jobs")
+
+    def start_instance(self, spec: InstanceSpec) -> Endpoint:
+        """Reserve an instance's share of the cluster (its GPUs, its namespace...) until it is stopped.
+        Default: ``BackendError(permanent=True)``, this backend runs no instances."""
+        raise self._cannot_run("instances")
+
+    def start_notebook(self, spec: NotebookSpec) -> Endpoint:
+        """Start a notebook's Jupyter server on its instance; return once the server answers, with
+        the URL the portal's proxy sends its requests to. Default: ``BackendError(permanent=True)``,
+        this backend runs no notebooks."""
+        raise self._cannot_run("notebooks")
+
+    def _cannot_run(self, what: str) -> BackendError:
+        return BackendError(f"the {self.name or type(self).__name__} backend cannot run {what}", permanent=True)
+
+    # -- poll / stop ---------------------------------------------------------------------------
 
     @abstractmethod
     def poll(self) -> Status:
@@ -228,8 +289,10 @@ class Backend(ABC):
 
         A workload has exited only when all its replicas have ended; the exit code is then the
         first non-zero one, else 0, and the message says why (a failed replica, a runtime limit,
-        a stop). Once exited, later polls return the same status. Raises ``BackendError`` when
-        the truth cannot be learned (transient) or the state is unusable (permanent).
+        a stop). Where the workload left no code of its own, the code is one of this module's
+        ``TIMEOUT_EXIT_CODE``, ``STOPPED_EXIT_CODE`` or ``UNKNOWN_EXIT_CODE``. Once exited, later
+        polls return the same status. Raises ``BackendError`` when the truth cannot be learned
+        (transient) or the state is unusable (permanent).
         """
 
     @abstractmethod
@@ -240,9 +303,13 @@ class Backend(ABC):
         ended or never started. Raises ``BackendError`` (transient) if something survived.
         """
 
+    # -- state ---------------------------------------------------------------------------------
+
     @abstractmethod
     def get_state(self) -> dict[str, Any]:
-        """Return a JSON-serialisable blob from which a new backend object can reattach."""
+        """Return a JSON-serialisable blob from which a new backend object can reattach.
+
+        It holds ``"version": STATE_VERSION``, so that a later layout can tell it apart."""
 
     @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
@@ -255,6 +322,8 @@ class Backend(ABC):
     def clear_state(self) -> None:
         """Forget the workload (after it ended and its outcome was recorded, or after a failed start)."""
 
+    # -- what the workload left ----------------------------------------------------------------
+
     @abstractmethod
     def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
         """Return the log bytes of ``replica`` from ``offset`` on, and the offset to continue from.
@@ -263,18 +332,90 @@ class Backend(ABC):
         nothing new. Raises ``BackendError(permanent=True)`` for a replica that does not exist.
         """
 
-    @abstractmethod
     def artifacts(self) -> list[Artifact]:
-        """Return the files under the declared artifact paths: ``(path, size, sha256)``, sorted by path."""
+        """Return the files under the declared artifact paths: ``(path, size, sha256)``, sorted by path.
+
+        Default: ``[]``, this backend keeps no files the portal can read."""
+        return []
 
     @abstractmethod
     def progress(self) -> Progress | None:
-        """Return the last ``PROGRESS <fraction>`` (0..1) the job printed, or ``None`` if none yet."""
+        """Return the last ``PROGRESS <fraction>`` (0..1) the job printed, or ``None`` if none yet
+        (``last_progress()`` reads it from the end of a log)."""
 
     def kubeconfig(self) -> str | None:
-        """A kubeconfig for the workload's users, where the backend has one (a namespace instance)."""
+        """A kubeconfig (YAML) for the workload's users, where it has one (a Kubernetes namespace
+        instance). ``BackendError`` (transient) while it is being issued. Default: ``None``, this
+        backend has none."""
         return None
 
-    @abstractmethod
+    # -- the cluster ---------------------------------------------------------------------------
+
     def discover(self) -> list[GpuInfo]:
-        """Return the GPUs this backend can place work on (the inventory), in index order."""
+        """Return the GPUs this backend can place work on (the inventory), in index order; on a
+        cluster of several nodes each index is ``<node>:<i>``. ``BackendError`` where the cluster
+        does not answer; ``PolicyRefusal`` where its settings name nothing to discover (a Slurm
+        partition without nodes). Default: ``PolicyRefusal``, this backend cannot discover its GPUs."""
+        raise PolicyRefusal(f"The {self.name or type(self).__name__} backend cannot discover its nodes and GPUs.")
+
+    def nodes(self) -> list[NodeInfo]:
+        """Return the nodes that hold the GPUs of ``discover()`` (and those of the cluster's pool
+        that hold none), with their CPUs, memory and state. Default: one ``NodeInfo`` per node named
+        by ``discover()``'s indices, its CPUs and memory unknown, ready."""
+        names = dict.fromkeys(gpu.index.rpartition(":")[0] for gpu in self.discover())
+        return [NodeInfo(name) for name in names if name]
+
+    def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
+        """Stop what this backend started for ``owner`` (the portal's work directory: it tells one
+        portal's workloads from another's) that no workload recorded, what a worker that died
+        between starting a workload and saving its state left behind; everything ``keep`` names
+        stays. Returns what was stopped (keys or the cluster's ids), for the log. ``BackendError``
+        where the cluster cannot be asked. Default: ``[]``, nothing to sweep (a backend that names
+        what it creates after the workload finds it again when the start is repeated)."""
+        return []
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of the inventory, as ``nodes()`` reports it: ``cpu_cores`` and ``memory_mb`` (0 where
+    unknown), ``state`` (``ready``; ``drained``: no new work; ``down``) and the ``pool`` it is filed
+    in (a Slurm partition)."""
+
+    name: str
+    cpu_cores: int = 0
+    memory_mb: int = 0
+    state: Literal["ready", "drained", "down"] = "ready"
+    pool: str = "default"
+
+
+def validate_spec(spec: JobSpec) -> None:
+    """``BackendError(permanent=True)`` for a job no backend can run (an unsafe key, a replica count
+    its devices do not match); ``PolicyRefusal`` for env or artifact paths the user must change."""
+    if not _KEY_RE.match(spec.key):
+        raise BackendError(f"job key {spec.key!r} is not a safe directory name", permanent=True)
+    if spec.replicas < 1:
+        raise BackendError("a job needs at least one replica", permanent=True)
+    if spec.devices and len(spec.devices) != spec.replicas:
+        raise BackendError(f"{len(spec.devices)} device lists for {spec.replicas} replicas", permanent=True)
+    if any(not _DEVICE_RE.match(d) for replica in spec.devices for d in replica):
+        raise BackendError(f"device indices must be small integers: {spec.devices}", permanent=True)
+    for key, value in spec.env.items():
+        if not _ENV_KEY_RE.match(key):
+            raise PolicyRefusal(f"{key!r} is not a valid environment variable name")
+        if key in _RESERVED_ENV or key.startswith("PORTAL_"):
+            raise PolicyRefusal(f"{key} is set by the portal and cannot be overridden")
+        if "\0" in value:
+            raise PolicyRefusal(f"the value of {key} contains a NUL byte")
+    for declared in spec.artifact_paths:
+        normal = os.path.normpath(declared)
+        if os.path.isabs(declared) or normal == ".." or normal.startswith("../") or normal.startswith(".portal"):
+            raise PolicyRefusal(f"artifact path {declared!r} must be relative and inside the job directory")
+
+
+def last_progress(output: bytes) -> Progress | None:
+    """The last ``PROGRESS <fraction>`` line in ``output`` (a log's tail), clamped to 0..1."""
+    matches = list(PROGRESS_RE.finditer(output))
+    if not matches:
+        return None
+    last = matches[-1]
+    return Progress(min(1.0, max(0.0, float(last.group(1)))), last.group(0).decode("utf-8", "replace").strip())

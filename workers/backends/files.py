@@ -4,17 +4,56 @@ A workspace's directory belongs to its workloads (and, where the portal runs as 
 workspace's own Unix account). Anything in it may be a symbolic link planted by user code to make
 the portal, with its own rights, read or change something else: a log swapped for a link to the
 secret key, a job directory swapped for a link to ``/etc`` just before the portal gives it to the
-workspace's account. Every path the portal touches there goes through this module.
+workspace's account. Every path the portal touches there goes through this module, and so do the
+backends whose workloads leave their output in files (:class:`FileOutputs`: local, Slurm).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from workers.backends.base import BackendError, RunAs
+from workers.backends.base import Artifact, Backend, BackendError, Progress, RunAs, last_progress
+
+LOG_CHUNK = 1 << 20
+PROGRESS_TAIL = 64 << 10
+
+
+class FileOutputs(Backend):
+    """A backend whose workloads write their logs and artifacts to files the portal reads (local, Slurm).
+
+    Its state holds ``job_dir`` (the job's directory) and ``artifact_paths`` (relative to it), and
+    ``_log_files()`` says where each replica's log is.
+    """
+
+    _state: dict[str, Any]
+
+    def _log_files(self) -> tuple[list[str], str | None]:
+        """Each replica's log file, and the directory they lie in where the workload can write there
+        (``None``: the portal's own directory, which no workload reaches)."""
+        raise NotImplementedError
+
+    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Read up to 1 MiB of ``replica``'s output (stdout and stderr) from ``offset``."""
+        paths, root = self._log_files()
+        if not 0 <= replica < len(paths):
+            raise BackendError(f"no replica {replica}", permanent=True)
+        return read_log(paths[replica], offset, root=root)
+
+    def artifacts(self) -> list[Artifact]:
+        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
+        if not self._state:
+            return []
+        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
+
+    def progress(self) -> Progress | None:
+        """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
+        paths, root = self._log_files()
+        return read_progress(paths[0], root=root) if paths else None
 
 
 def prepare_dir(path: Path | str, run_as: RunAs | None, *, mode: int = 0o700) -> Path:
@@ -99,3 +138,70 @@ def check_reachable(path: Path | str, what: str) -> None:
                 f"(mode {stat.S_IMODE(mode):o}). Put it on storage the accounts can traverse (o+x).",
                 permanent=True,
             )
+
+
+def _open_log(path: str, root: str | None) -> Any:
+    """A log file: where ``root`` (a directory its workload can write) is given, only a regular
+    file really inside it, never what a planted link points to; else the portal's own file."""
+    if root is None:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            return None
+    return open_inside(root, os.path.relpath(path, root))
+
+
+def read_log(path: str, offset: int, *, root: str | None = None) -> tuple[bytes, int]:
+    """Up to 1 MiB of a log file from ``offset``, and the offset to continue from."""
+    log = _open_log(path, root)
+    if log is None:
+        return b"", offset
+    with log:
+        log.seek(offset)
+        data = log.read(LOG_CHUNK)
+    return data, offset + len(data)
+
+
+def read_progress(path: str, *, root: str | None = None) -> Progress | None:
+    """The last ``PROGRESS <fraction>`` line in a log's last 64 KiB, clamped to 0..1."""
+    log = _open_log(path, root)
+    if log is None:
+        return None
+    with log:
+        log.seek(max(0, os.fstat(log.fileno()).st_size - PROGRESS_TAIL))
+        return last_progress(log.read())
+
+
+def collect_artifacts(job_dir: Path, declared_paths: list[str]) -> list[Artifact]:
+    """Files under the declared paths, resolved inside ``job_dir`` (links that escape it skipped)."""
+    found: dict[str, Artifact] = {}
+    for declared in declared_paths:
+        for path in _walk_files(job_dir / declared):
+            rel = path.relative_to(job_dir).as_posix()
+            real = path.resolve()
+            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal"):
+                continue
+            # Hashed through a file opened inside the job directory: a link swapped in meanwhile
+            # (the workspace's other workloads write here) cannot make the portal read elsewhere.
+            opened = open_inside(job_dir, real.relative_to(job_dir).as_posix())
+            if opened is None:
+                continue
+            with opened:
+                found[rel] = Artifact(rel, os.fstat(opened.fileno()).st_size, _sha256_of_file(opened))
+    return sorted(found.values())
+
+
+def _walk_files(path: Path) -> Iterator[Path]:
+    if path.is_symlink() or path.is_file():
+        yield path
+    elif path.is_dir():
+        for dirpath, _, filenames in os.walk(path):  # does not descend into symlinked directories
+            for filename in filenames:
+                yield Path(dirpath, filename)
+
+
+def _sha256_of_file(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()

@@ -39,29 +39,31 @@ from urllib.parse import urlsplit
 import urllib3
 import yaml
 from kubernetes import client, config
+from kubernetes.utils import parse_quantity
 
 from workers.backends import kubernetes_objects as ko
 from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import (
-    Artifact,
+    STATE_VERSION,
+    STOPPED_EXIT_CODE,
+    TIMEOUT_EXIT_CODE,
+    UNKNOWN_EXIT_CODE,
     Backend,
     BackendError,
     Endpoint,
     GpuInfo,
     InstanceSpec,
     JobSpec,
+    NodeInfo,
     NotebookSpec,
     PolicyRefusal,
     Progress,
     Spec,
     Status,
+    last_progress,
+    validate_spec,
 )
-from workers.backends.local import PROGRESS_RE, validate_spec
 
-STATE_VERSION = 1
-TIMEOUT_EXIT_CODE = 124  # as the local and Slurm backends: killed for running past its time limit
-STOPPED_EXIT_CODE = 143  # a job stopped on request (SIGTERM), as the Slurm backend reports it
-UNKNOWN_EXIT_CODE = 255  # ended without an exit code the cluster could report
 MERGE_PATCH = "application/merge-patch+json"
 LOG_CHUNK = 1 << 20
 PROGRESS_TAIL_LINES = 500
@@ -86,9 +88,10 @@ _RESOURCES: dict[str, tuple[type[Any], str]] = {
     "StatefulSet": (client.AppsV1Api, "namespaced_stateful_set"),
     "Job": (client.BatchV1Api, "namespaced_job"),
 }
-# The client's configuration loaders carry no annotations.
+# The client's configuration loaders and its quantity parser carry no annotations.
 _load_incluster_config: Callable[..., None] = config.load_incluster_config
 _load_kube_config: Callable[..., None] = config.load_kube_config
+_parse_quantity: Callable[[Any], Decimal] = parse_quantity
 # Deleting these waits for their pods (Foreground); the rest go at once, their dependents after (Background).
 _FOREGROUND = frozenset({"Job", "StatefulSet"})
 _BACKEND_OPTIONS = (
@@ -153,6 +156,8 @@ class KubernetesBackend(Backend):
     uses); ``vcluster_server_url`` the URL a vcluster's kubeconfig names, with ``{release}`` and
     ``{namespace}`` filled in. ``start_timeout_s`` bounds the wait for a gang's pods or a notebook to be
     ready; ``stop_timeout_s`` the wait for deleted objects to be gone. ``poll_interval_s`` paces both.
+    A job has no artifacts here (the contract's default): its files live in its pods' volumes, which the
+    portal does not read.
     """
 
     name = "kubernetes"
@@ -383,11 +388,7 @@ class KubernetesBackend(Backend):
         if self._state and (self._state.get("key") != spec.key or self._state.get("final")):
             raise BackendError("this backend already ran a workload; clear_state() first", permanent=True)
         try:
-            if isinstance(spec, JobSpec):
-                return self._start_job(spec)
-            if isinstance(spec, NotebookSpec):
-                return self._start_notebook(spec)
-            return self._start_instance(spec)
+            return super().start(spec)
         except ko.UnsupportedRequest as exc:
             raise PolicyRefusal(str(exc)) from exc
 
@@ -408,7 +409,8 @@ class KubernetesBackend(Backend):
     def _public_server(self) -> str:
         return self.server_url or str(self._api_client().configuration.host)
 
-    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+    def start_instance(self, spec: InstanceSpec) -> Endpoint:
+        """A namespace or a vcluster (see ``start()``)."""
         owner = ko.Owner(workspace=spec.workspace, instance=spec.name)
         profile = ko.Size(spec.cpu_cores, spec.memory_gb, Decimal(str(spec.gpus)), spec.gpu_type)
         namespace = ko.namespace_name(owner, self.settings)
@@ -434,7 +436,8 @@ class KubernetesBackend(Backend):
         self._state["endpoint"] = {"host": parts.hostname or "", "port": port, "url": server}
         return self._endpoint()
 
-    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+    def start_notebook(self, spec: NotebookSpec) -> Endpoint:
+        """A StatefulSet in its instance's namespace (see ``start()``)."""
         instance = spec.instance_state
         namespace = instance.get("namespace")
         if not isinstance(namespace, str) or not namespace:
@@ -520,7 +523,8 @@ class KubernetesBackend(Backend):
         master = f"{ko.master_address(gang.name)}.{namespace}.svc"
         self._state["endpoint"] = {"host": master, "port": self.settings.master_port, "url": ""}
 
-    def _start_job(self, spec: JobSpec) -> Endpoint:
+    def start_job(self, spec: JobSpec) -> Endpoint:
+        """A suspended indexed Job, released once created (see ``start()`` and ``submit()``)."""
         self.submit(spec)
         self._json_call(
             "Job",
@@ -685,10 +689,6 @@ class KubernetesBackend(Backend):
         pods = self._job_pods(replica)
         return (str(pods[-1]["metadata"]["name"]), "main") if pods else None
 
-    def artifacts(self) -> list[Artifact]:
-        """Always ``[]``: on Kubernetes a job's files live in its pods' volumes, which the portal does not read."""
-        return []
-
     def progress(self) -> Progress | None:
         """The last ``PROGRESS <fraction>`` in the last lines of replica 0's log, clamped to 0..1."""
         if self._state.get("kind") != "job":
@@ -706,12 +706,7 @@ class KubernetesBackend(Backend):
             tail_lines=PROGRESS_TAIL_LINES,
             ok=(400, 404),
         )
-        matches = list(PROGRESS_RE.finditer(tail or b""))
-        if not matches:
-            return None
-        last = matches[-1]
-        fraction = min(1.0, max(0.0, float(last.group(1))))
-        return Progress(fraction, last.group(0).decode("utf-8", "replace").strip())
+        return last_progress(tail or b"")
 
     def kubeconfig(self) -> str | None:
         """A kubeconfig (YAML) for an instance's users: the namespace's service account token, or the
@@ -743,9 +738,8 @@ class KubernetesBackend(Backend):
     def discover(self) -> list[GpuInfo]:
         """One ``GpuInfo`` per allocatable ``gpu_resource_name`` of each node (index ``<node>:<i>``), named by
         the node's ``nvidia.com/gpu.product`` label, with ``nvidia.com/gpu.memory`` (MiB) where labelled."""
-        answer = json.loads(self._invoke(client.CoreV1Api, "list_node") or b"{}")
         gpus: list[GpuInfo] = []
-        for node in answer.get("items") or []:
+        for node in self._nodes():
             meta, status = node.get("metadata", {}), node.get("status", {})
             count = str((status.get("allocatable") or {}).get(self.settings.gpu_resource_name, "0"))
             labels = meta.get("labels") or {}
@@ -757,6 +751,36 @@ class KubernetesBackend(Backend):
                 for i in range(total)
             ]
         return sorted(gpus, key=lambda g: (g.index.rsplit(":", 1)[0], int(g.index.rsplit(":", 1)[1])))
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node, with its allocatable CPUs (whole ones) and memory: ``down`` unless its ``Ready``
+        condition is true, ``drained`` while it is cordoned (``spec.unschedulable``)."""
+        found = []
+        for node in self._nodes():
+            allocatable = node.get("status", {}).get("allocatable") or {}
+            ready = _condition(node, "Ready") is not None
+            cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+            found.append(
+                NodeInfo(
+                    name=str(node["metadata"]["name"]),
+                    cpu_cores=int(_quantity(allocatable.get("cpu"))),
+                    memory_mb=int(_quantity(allocatable.get("memory")) / (1 << 20)),
+                    state="down" if not ready else "drained" if cordoned else "ready",
+                )
+            )
+        return sorted(found, key=lambda n: n.name)
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        answer = json.loads(self._invoke(client.CoreV1Api, "list_node") or b"{}")
+        return [dict(node) for node in answer.get("items") or []]
+
+
+def _quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity (``7800m``, ``64Gi``) as a number; 0 where there is none or it is unreadable."""
+    try:
+        return _parse_quantity(value) if value is not None else Decimal(0)
+    except ValueError:
+        return Decimal(0)
 
 
 def _pod_index(pod: Mapping[str, Any]) -> str:

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -32,37 +31,26 @@ from pathlib import Path
 from typing import Any
 
 from workers.backends.base import (
-    Artifact,
-    Backend,
+    STATE_VERSION,
+    TIMEOUT_EXIT_CODE,
+    UNKNOWN_EXIT_CODE,
     BackendError,
     Endpoint,
     GpuInfo,
     InstanceSpec,
     JobSpec,
+    Keep,
     NotebookSpec,
-    PolicyRefusal,
-    Progress,
-    Spec,
     Status,
+    validate_spec,
 )
-from workers.backends.files import dirs_between, open_inside, prepare_dir
+from workers.backends.files import FileOutputs, dirs_between, prepare_dir, read_log
 from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
 from workers.backends.sandbox import Sandbox, check_available
 
-STATE_VERSION = 1
-TIMEOUT_EXIT_CODE = 124  # as timeout(1): the job was killed for running past max_runtime_s
-UNKNOWN_EXIT_CODE = 255  # a replica ended without recording its status (killed from outside)
-
-_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_DEVICE_RE = re.compile(r"^[0-9]{1,3}$")
-PROGRESS_RE = re.compile(rb"^PROGRESS\s+([0-9]*\.?[0-9]+)\s*$", re.MULTILINE)
-_RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_LOG_CHUNK = 1 << 20
-_PROGRESS_TAIL = 64 << 10
 
 SANDBOX_MODES = ("bwrap", "off")
 
@@ -82,7 +70,7 @@ exit "$rc"
 """
 
 
-class LocalBackend(Backend):
+class LocalBackend(FileOutputs):
     """Runs a job's replicas as process groups on this machine; ``spec.image`` is ignored here.
 
     Settings: ``inventory`` declares the GPUs where there is no NVIDIA driver (else ``discover()``
@@ -157,24 +145,20 @@ class LocalBackend(Backend):
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: Spec) -> Endpoint:
+    def start_job(self, spec: JobSpec) -> Endpoint:
         """Start every replica; return the gang's rendezvous address (127.0.0.1, MASTER_PORT).
 
         ``PolicyRefusal`` for bad env keys or artifact paths; ``BackendError(permanent=True)`` for
         a malformed spec or a job that already ran on this state; ``BackendError`` transient when
         a process could not be created (replicas already started are killed first).
         """
-        if isinstance(spec, InstanceSpec):
-            return self._start_instance(spec)
-        if isinstance(spec, NotebookSpec):
-            return self._start_notebook(spec)
-        return self._start_job(spec, self._sdk_environment())
+        return self._launch(spec, self._sdk_environment())
 
     def _sdk_environment(self) -> Path | None:
         """The SDK's environment for jobs and instances (built once), where environments are kept."""
         return ensure_sdk_env(Path(self.env_root)) if self.env_root else None
 
-    def _start_job(self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = ()) -> Endpoint:
+    def _launch(self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = ()) -> Endpoint:
         """Start the replicas of ``spec`` with ``environment``'s ``bin`` first on their PATH; it and
         ``read_only`` are bound read-only into the sandbox: no workload writes into them."""
         if self._state:
@@ -219,14 +203,14 @@ class LocalBackend(Backend):
             raise BackendError(f"could not start replica: {exc}", permanent=False) from exc
         return self._endpoint()
 
-    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+    def start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is its directory and a process group holding its GPU slice (and its cgroup,
         where the kernel allows one): the directory outlives it, its notebooks run beside it."""
-        endpoint = self._start_job(instance_job(spec), self._sdk_environment())
+        endpoint = self._launch(instance_job(spec), self._sdk_environment())
         self._state["kind"] = "instance"
         return endpoint
 
-    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+    def start_notebook(self, spec: NotebookSpec) -> Endpoint:
         """A Jupyter server of the profile's environment on 127.0.0.1, under ``spec.base_url``,
         with the instance's GPUs and files; returns once it answers HTTP."""
         if self._state and self._state.get("key") == spec.key and self._alive_ranks():
@@ -235,7 +219,7 @@ class LocalBackend(Backend):
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
         server = notebook_job(spec, env, ip="127.0.0.1")
-        endpoint = self._start_job(server, env, read_only=(str(IDENTITY_MODULES),))
+        endpoint = self._launch(server, env, read_only=(str(IDENTITY_MODULES),))
         self._state["kind"] = "notebook"
         try:
             wait_answering(
@@ -504,23 +488,9 @@ class LocalBackend(Backend):
 
     # -- logs, artifacts, progress, inventory --------------------------------------------------
 
-    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
-        """Read up to 1 MiB of ``replica``'s combined stdout/stderr from ``offset``."""
-        replicas = self._state.get("replicas", [])
-        if not 0 <= replica < len(replicas):
-            raise BackendError(f"no replica {replica}", permanent=True)
-        return read_log(replicas[replica]["log"], offset)
-
-    def artifacts(self) -> list[Artifact]:
-        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
-        if not self._state:
-            return []
-        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
-
-    def progress(self) -> Progress | None:
-        """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
-        replicas = self._state.get("replicas", [])
-        return read_progress(replicas[0]["log"]) if replicas else None
+    def _log_files(self) -> tuple[list[str], str | None]:
+        """The wrappers' logs, in the portal's own run directory."""
+        return [replica["log"] for replica in self._state.get("replicas", [])], None
 
     def discover(self) -> list[GpuInfo]:
         """The declared inventory if any, else what ``nvidia-smi`` reports, else no GPU."""
@@ -540,6 +510,32 @@ class LocalBackend(Backend):
         except (OSError, subprocess.SubprocessError) as exc:
             raise BackendError(f"nvidia-smi failed: {exc}", permanent=False) from exc
         return parse_nvidia_smi(out)
+
+    def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
+        """Kill the process groups started for ``owner`` (the portal's work directory) that no
+        workload recorded. A group is kept when its leader is a replica of a kept state, or its
+        workload's key is a kept key. Returns the keys of the groups killed."""
+        keep = keep or Keep()
+        pids = {int(replica["pid"]) for state in keep.states for replica in state.get("replicas", [])}
+        stopped = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in pids:
+                continue
+            try:
+                cmdline = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+                if len(cmdline) < 4 or cmdline[3] != b"portal-job":
+                    continue
+                raw = Path("/proc", entry, "environ").read_bytes().split(b"\0")
+                environ = dict(item.split(b"=", 1) for item in raw if b"=" in item)
+            except OSError:
+                continue
+            key = environ.get(b"PORTAL_JOB_KEY", b"").decode(errors="replace")
+            if not owner or environ.get(b"PORTAL_OWNER", b"").decode(errors="replace") != owner or key in keep.keys:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group
+                stopped.append(key)
+        return stopped
 
     # -- cgroups -------------------------------------------------------------------------------
 
@@ -619,75 +615,6 @@ def _iter_stats() -> Iterator[_Stat]:
                 yield stat
 
 
-def sweep_orphans(owner: str, *, keep_pids: set[int], keep_keys: set[str]) -> list[str]:
-    """Kill the process groups this backend started for ``owner`` (the portal's work directory)
-    that no workload recorded: what a worker that died between starting processes and recording
-    them left behind. A group is kept when its leader's pid is recorded (``keep_pids``) or its
-    workload is being started right now (``keep_keys``). Returns the keys of the groups killed."""
-    stopped = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in keep_pids:
-            continue
-        try:
-            cmdline = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-            if len(cmdline) < 4 or cmdline[3] != b"portal-job":
-                continue
-            raw = Path("/proc", entry, "environ").read_bytes().split(b"\0")
-            environ = dict(item.split(b"=", 1) for item in raw if b"=" in item)
-        except OSError:
-            continue
-        key = environ.get(b"PORTAL_JOB_KEY", b"").decode(errors="replace")
-        if not owner or environ.get(b"PORTAL_OWNER", b"").decode(errors="replace") != owner or key in keep_keys:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group
-            stopped.append(key)
-    return stopped
-
-
-def validate_spec(spec: JobSpec) -> None:
-    if not _KEY_RE.match(spec.key):
-        raise BackendError(f"job key {spec.key!r} is not a safe directory name", permanent=True)
-    if spec.replicas < 1:
-        raise BackendError("a job needs at least one replica", permanent=True)
-    if spec.devices and len(spec.devices) != spec.replicas:
-        raise BackendError(f"{len(spec.devices)} device lists for {spec.replicas} replicas", permanent=True)
-    if any(not _DEVICE_RE.match(d) for replica in spec.devices for d in replica):
-        raise BackendError(f"device indices must be small integers: {spec.devices}", permanent=True)
-    for key, value in spec.env.items():
-        if not _ENV_KEY_RE.match(key):
-            raise PolicyRefusal(f"{key!r} is not a valid environment variable name")
-        if key in _RESERVED_ENV or key.startswith("PORTAL_"):
-            raise PolicyRefusal(f"{key} is set by the portal and cannot be overridden")
-        if "\0" in value:
-            raise PolicyRefusal(f"the value of {key} contains a NUL byte")
-    for declared in spec.artifact_paths:
-        normal = os.path.normpath(declared)
-        if os.path.isabs(declared) or normal == ".." or normal.startswith("../") or normal.startswith(".portal"):
-            raise PolicyRefusal(f"artifact path {declared!r} must be relative and inside the job directory")
-
-
-def walk_files(path: Path) -> Iterator[Path]:
-    if path.is_symlink() or path.is_file():
-        yield path
-    elif path.is_dir():
-        for dirpath, _, filenames in os.walk(path):  # does not descend into symlinked directories
-            for filename in filenames:
-                yield Path(dirpath, filename)
-
-
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return _sha256_of_file(f)
-
-
-def _sha256_of_file(f: Any) -> str:
-    digest = hashlib.sha256()
-    for block in iter(lambda: f.read(1 << 20), b""):
-        digest.update(block)
-    return digest.hexdigest()
-
-
 def _free_port() -> int:
     # The port is free now; a process could take it before rank 0 binds it (a small, known race).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -734,59 +661,3 @@ def parse_nvidia_smi(out: str) -> list[GpuInfo]:
 def _tail(path: str, lines: int = 5) -> str:
     data, _ = read_log(path, 0)
     return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:])
-
-
-def _open_log(path: str, root: str | None) -> Any:
-    """A log file: where ``root`` (a directory its workload can write) is given, only a regular
-    file really inside it, never what a planted link points to; else the portal's own file."""
-    if root is None:
-        try:
-            return open(path, "rb")
-        except FileNotFoundError:
-            return None
-    return open_inside(root, os.path.relpath(path, root))
-
-
-def read_log(path: str, offset: int, *, root: str | None = None) -> tuple[bytes, int]:
-    """Up to 1 MiB of a log file from ``offset``, and the offset to continue from."""
-    log = _open_log(path, root)
-    if log is None:
-        return b"", offset
-    with log:
-        log.seek(offset)
-        data = log.read(_LOG_CHUNK)
-    return data, offset + len(data)
-
-
-def collect_artifacts(job_dir: Path, declared_paths: list[str]) -> list[Artifact]:
-    """Files under the declared paths, resolved inside ``job_dir`` (links that escape it skipped)."""
-    found: dict[str, Artifact] = {}
-    for declared in declared_paths:
-        for path in walk_files(job_dir / declared):
-            rel = path.relative_to(job_dir).as_posix()
-            real = path.resolve()
-            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal"):
-                continue
-            # Hashed through a file opened inside the job directory: a link swapped in meanwhile
-            # (the workspace's other workloads write here) cannot make the portal read elsewhere.
-            opened = open_inside(job_dir, real.relative_to(job_dir).as_posix())
-            if opened is None:
-                continue
-            with opened:
-                found[rel] = Artifact(rel, os.fstat(opened.fileno()).st_size, _sha256_of_file(opened))
-    return sorted(found.values())
-
-
-def read_progress(path: str, *, root: str | None = None) -> Progress | None:
-    """The last ``PROGRESS <fraction>`` line in a log's last 64 KiB, clamped to 0..1."""
-    log = _open_log(path, root)
-    if log is None:
-        return None
-    with log:
-        log.seek(max(0, os.fstat(log.fileno()).st_size - _PROGRESS_TAIL))
-        tail = log.read()
-    matches = list(PROGRESS_RE.finditer(tail))
-    if not matches:
-        return None
-    last = matches[-1]
-    return Progress(min(1.0, max(0.0, float(last.group(1)))), last.group(0).decode("utf-8", "replace").strip())

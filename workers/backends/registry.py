@@ -1,4 +1,6 @@
-"""Which backend runs a cluster's workloads: chosen by the cluster's kind."""
+"""Which backend runs a cluster's workloads, chosen by the cluster's kind: the one place where a
+backend is built from a Cluster row (its ``connection`` settings and the portal's) and reattached to
+a workload's saved state."""
 
 from __future__ import annotations
 
@@ -9,8 +11,19 @@ from workers.backends.local import LocalBackend
 from workers.backends.slurm import SlurmBackend
 
 
-def backend_for(cluster: Any) -> Backend:
-    """A fresh backend object for one workload on `cluster` (an inventory Cluster row)."""
+def backend_for(cluster: Any, state: dict[str, Any] | None = None) -> Backend:
+    """The backend object for one workload on ``cluster`` (an inventory Cluster row), reattached to
+    ``state`` where given: what its ``get_state()`` returned, as saved on the workload's row.
+
+    ``BackendError(permanent=True)`` for a kind no backend runs, connection settings the backend
+    refuses, or a state it cannot read."""
+    backend = _build(cluster)
+    if state is not None:
+        backend.load_state(state)
+    return backend
+
+
+def _build(cluster: Any) -> Backend:
     kind = getattr(cluster, "kind", None)
     if kind == "local":
         from django.conf import settings

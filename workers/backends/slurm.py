@@ -27,31 +27,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from workers.backends.base import (
-    Artifact,
-    Backend,
+    STATE_VERSION,
+    STOPPED_EXIT_CODE,
+    TIMEOUT_EXIT_CODE,
+    UNKNOWN_EXIT_CODE,
     BackendError,
     Endpoint,
     GpuInfo,
     InstanceSpec,
     JobSpec,
+    Keep,
+    NodeInfo,
     NotebookSpec,
     PolicyRefusal,
-    Progress,
     RunAs,
-    Spec,
     Status,
+    validate_spec,
 )
-from workers.backends.files import check_reachable, dirs_between, prepare_dir, write_new_file
-from workers.backends.local import collect_artifacts, read_log, read_progress, validate_spec
+from workers.backends.files import FileOutputs, check_reachable, dirs_between, prepare_dir, write_new_file
 from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
 
-STATE_VERSION = 1
-TIMEOUT_EXIT_CODE = 124  # as timeout(1) and the local backend: the job ran past its time limit
-UNKNOWN_EXIT_CODE = 255  # ended without an exit code Slurm could report (node failure, refused)
 COMMAND_TIMEOUT_S = 20.0
 # (Slurm account, user) associations known to exist, so that sacctmgr is asked once per process.
 _KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
@@ -144,13 +143,13 @@ def parse_exit(state: str, exit_code: str, stopped: bool = False) -> Status:
     if code == 0 and sig:
         code = 128 + sig
     if stopped:
-        return Status("exited", code or 143, "stopped on request")
+        return Status("exited", code or STOPPED_EXIT_CODE, "stopped on request")
     if word == "COMPLETED":
         return Status("exited", code, "exited" if code == 0 else f"exited with code {code}")
     if word == "TIMEOUT":
         return Status("exited", TIMEOUT_EXIT_CODE, "killed by Slurm after exceeding its time limit")
     if word == "CANCELLED":
-        return Status("exited", code or 143, f"cancelled in Slurm ({state.strip()})")
+        return Status("exited", code or STOPPED_EXIT_CODE, f"cancelled in Slurm ({state.strip()})")
     if word == "OUT_OF_MEMORY":
         return Status("exited", code or 137, "killed by Slurm for exceeding its memory limit")
     if word == "NODE_FAIL":
@@ -158,20 +157,62 @@ def parse_exit(state: str, exit_code: str, stopped: bool = False) -> Status:
     return Status("exited", code or UNKNOWN_EXIT_CODE, f"{word.lower()} with exit code {code or UNKNOWN_EXIT_CODE}")
 
 
-def parse_nodes(out: str) -> list[GpuInfo]:
-    """GPUs from ``scontrol show node -o``: one ``GpuInfo`` per GPU, index ``<node>:<i>``."""
-    gpus: list[GpuInfo] = []
+# Node states (``scontrol show node``'s State=, e.g. ``IDLE+DRAIN``, ``DOWN*``) that keep work off a node.
+_DOWN_STATES = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "FUTURE",
+                          "UNKNOWN"})  # fmt: skip
+_DRAINED_STATES = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAILING", "MAINTENANCE", "REBOOT_REQUESTED",
+                             "REBOOT_ISSUED"})  # fmt: skip
+
+
+def parse_scontrol_nodes(out: str) -> list[dict[str, str]]:
+    """Every node of ``scontrol show node -o`` (one line per node), as its ``Key=Value`` fields."""
+    nodes = []
     for line in out.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        node = fields.get("NodeName")
-        if not node:
-            continue
+        if fields.get("NodeName"):
+            nodes.append(fields)
+    return nodes
+
+
+def node_partitions(fields: dict[str, str]) -> list[str]:
+    """The partitions a node of :func:`parse_scontrol_nodes` is in."""
+    return [p for p in fields.get("Partitions", "").split(",") if p and p != "(null)"]
+
+
+def node_state(state: str) -> Literal["ready", "drained", "down"]:
+    """'IDLE' -> ready; 'MIXED+DRAIN' -> drained; 'DOWN*', 'IDLE*' (not responding) -> down."""
+    flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
+    if flags & _DOWN_STATES:
+        return "down"
+    if flags & _DRAINED_STATES:
+        return "drained"
+    return "ready"
+
+
+def node_info(fields: dict[str, str], pool: str) -> NodeInfo:
+    """A node of :func:`parse_scontrol_nodes`: CPUs (``CPUTot``), memory (``RealMemory``, MB), state."""
+    cpus, memory_mb = fields.get("CPUTot", "0"), fields.get("RealMemory", "0")
+    return NodeInfo(
+        name=fields["NodeName"],
+        cpu_cores=int(cpus) if cpus.isdigit() else 0,
+        memory_mb=int(memory_mb) if memory_mb.isdigit() else 0,
+        state=node_state(fields.get("State", "UNKNOWN")),
+        pool=pool,
+    )
+
+
+def node_gpus(nodes: list[dict[str, str]]) -> list[GpuInfo]:
+    """The GPUs of nodes of :func:`parse_scontrol_nodes`: one ``GpuInfo`` per GRES gpu, index ``<node>:<i>``,
+    named by the GRES type (``gpu:h100:4``: four ``h100``)."""
+    gpus: list[GpuInfo] = []
+    for fields in nodes:
         for gres in fields.get("Gres", "").split(","):
             gres = re.sub(r"\(.*\)$", "", gres)  # gpu:h100:4(S:0-1)
             parts = gres.split(":")
             if parts[0] != "gpu" or not parts[-1].isdigit():
                 continue
             kind = parts[1] if len(parts) == 3 else "gpu"
+            node = fields["NodeName"]
             gpus.extend(GpuInfo(index=f"{node}:{i}", name=kind, memory_mb=0) for i in range(int(parts[-1])))
     return sorted(gpus, key=lambda g: (_natural(g.index.split(":")[0]), int(g.index.split(":")[1])))
 
@@ -182,7 +223,7 @@ def _natural(name: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2) or 0)
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(FileOutputs):
     """Runs a job as one Slurm batch job, a replica per node, on partition ``partition``.
 
     ``start_timeout_s`` bounds the wait from submission to RUNNING (a job still pending then is
@@ -255,25 +296,21 @@ class SlurmBackend(Backend):
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: Spec) -> Endpoint:
+    def start_job(self, spec: JobSpec) -> Endpoint:
         """Submit the batch job and wait until Slurm runs it (or it already ended).
 
         ``PolicyRefusal`` for bad env keys, artifact paths, or a request the cluster can never
         satisfy; ``BackendError`` transient when the job did not start within
         ``start_timeout_s`` (it is cancelled first) or a command failed.
         """
-        if isinstance(spec, InstanceSpec):
-            return self._start_instance(spec)
-        if isinstance(spec, NotebookSpec):
-            return self._start_notebook(spec)
-        return self._start_job(spec, self._sdk_environment())
+        return self._launch(spec, self._sdk_environment())
 
     def _sdk_environment(self) -> Path | None:
         """The SDK's environment for jobs and instances, built once under ``env_root`` with the
         nodes' Python. Where the nodes cannot reach it, its ``bin`` on PATH is merely skipped."""
         return ensure_sdk_env(Path(self.env_root), self.python) if self.env_root else None
 
-    def _start_job(self, spec: JobSpec, environment: Path | None) -> Endpoint:
+    def _launch(self, spec: JobSpec, environment: Path | None) -> Endpoint:
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
@@ -383,13 +420,13 @@ class SlurmBackend(Backend):
             if "Nothing new added" not in exc.message and "already exists" not in exc.message:
                 raise
 
-    def _start_instance(self, spec: InstanceSpec) -> Endpoint:
+    def start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
-        endpoint = self._start_job(instance_job(spec), self._sdk_environment())
+        endpoint = self._launch(instance_job(spec), self._sdk_environment())
         self._state["kind"] = "instance"
         return endpoint
 
-    def _start_notebook(self, spec: NotebookSpec) -> Endpoint:
+    def start_notebook(self, spec: NotebookSpec) -> Endpoint:
         """A batch job running a Jupyter server on its node's address; returns once it answers.
 
         The environment is built where the worker runs, under ``env_root``, which compute nodes
@@ -412,7 +449,7 @@ class SlurmBackend(Backend):
                 f"identity/{module.name}": module.read_text() for module in sorted(IDENTITY_MODULES.glob("*.py"))
             }
             server.env["PYTHONPATH"] = str(identity)
-        self._start_job(server, env)
+        self._launch(server, env)
         self._state["kind"] = "notebook"
         self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
         endpoint = self._notebook_endpoint()
@@ -589,46 +626,41 @@ class SlurmBackend(Backend):
 
     # -- logs, artifacts, progress, inventory --------------------------------------------------
 
-    def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
-        """Read up to 1 MiB of ``replica``'s output (srun's per-task file) from ``offset``."""
-        logs = self._state.get("logs", [])
-        if not 0 <= replica < len(logs):
-            raise BackendError(f"no replica {replica}", permanent=True)
-        return read_log(logs[replica], offset, root=self._state["job_dir"])
-
-    def artifacts(self) -> list[Artifact]:
-        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
-        if not self._state:
-            return []
-        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
-
-    def progress(self) -> Progress | None:
-        """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
-        logs = self._state.get("logs", [])
-        return read_progress(logs[0], root=self._state["job_dir"]) if logs else None
+    def _log_files(self) -> tuple[list[str], str | None]:
+        """srun's per-task files, in the job's directory, which the workload can write."""
+        return list(self._state.get("logs", [])), self._state.get("job_dir")
 
     def discover(self) -> list[GpuInfo]:
         """Every GPU of the partition's nodes, from ``scontrol show node -o`` (index ``node:i``)."""
-        out = self._run([self.scontrol_path, "show", "node", "-o"])
-        lines = [line for line in out.splitlines() if _in_partition(line, self.partition)]
-        return parse_nodes("\n".join(lines))
+        return node_gpus(self._partition_nodes())
 
+    def nodes(self) -> list[NodeInfo]:
+        """The partition's nodes, from ``scontrol show node -o``, in the pool named after it."""
+        return [node_info(fields, self.partition) for fields in self._partition_nodes()]
 
-def sweep_orphans(owner: str, *, keep_ids: set[str], keep_keys: set[str], squeue: str = "squeue",
-                  scancel: str = "scancel") -> list[str]:  # fmt: skip
-    """Cancel the Slurm jobs submitted for ``owner`` (their comment) that no workload recorded:
-    what a worker that died between ``sbatch`` and recording the job id left behind. A job is
-    kept when its id is recorded (``keep_ids``) or its workload is being started right now
-    (``keep_keys``, matched against the job name). Returns the ids cancelled."""
-    out = run_command([squeue, "-h", "-o", "%i|%j|%k"])
-    orphans = []
-    for line in out.splitlines():
-        job_id, name, comment = (line.strip().split("|", 2) + ["", ""])[:3]
-        if comment == owner and job_id.isdigit() and job_id not in keep_ids and name not in keep_keys:
-            orphans.append(job_id)
-    if orphans:
-        run_command([scancel, *orphans])
-    return orphans
+    def _partition_nodes(self) -> list[dict[str, str]]:
+        """``PolicyRefusal`` naming the partitions there are when the partition has no nodes."""
+        every = parse_scontrol_nodes(self._run([self.scontrol_path, "show", "node", "-o"]))
+        nodes = [fields for fields in every if self.partition in node_partitions(fields)]
+        if not nodes:
+            known = ", ".join(sorted({p for fields in every for p in node_partitions(fields)})) or "none"
+            raise PolicyRefusal(f"Slurm has no nodes in partition {self.partition} (its partitions: {known}).")
+        return nodes
+
+    def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
+        """Cancel the Slurm jobs submitted for ``owner`` (their comment) that no workload recorded.
+        A job is kept when its id is that of a kept state, or its name (the workload's key) is a
+        kept key. Returns the ids cancelled."""
+        keep = keep or Keep()
+        recorded = {str(state.get("job_id")) for state in keep.states}
+        orphans = []
+        for line in self._run([self.squeue_path, "-h", "-o", "%i|%j|%k"]).splitlines():
+            job_id, name, comment = (line.strip().split("|", 2) + ["", ""])[:3]
+            if comment == owner and job_id.isdigit() and job_id not in recorded and name not in keep.keys:
+                orphans.append(job_id)
+        if orphans:
+            self._run([self.scancel_path, *orphans])
+        return orphans
 
 
 def _user_env() -> dict[str, str]:
@@ -643,13 +675,6 @@ def _as_user(run_as: RunAs | None) -> list[str]:
     if run_as is None:
         return []
     return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--"]
-
-
-def _in_partition(line: str, partition: str) -> bool:
-    for field in line.split():
-        if field.startswith("Partitions="):
-            return partition in field.removeprefix("Partitions=").split(",")
-    return True
 
 
 def _replica_script(command: str) -> str:

@@ -3,7 +3,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 
-from apps.api.errors import ActionError
+from apps.errors import ActionError
 from apps.inventory.actions import do_register_cluster
 from apps.inventory.models import Cluster, Node
 

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand
 
 from apps.compute.running import stop_local_compute
 from apps.jobs.running import stop_local_jobs
-from workers.backends import local
+from workers.backends.local import LocalBackend
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         compute = stop_local_compute()
         # A start the worker had under way when it was stopped left processes no row records yet:
         # with every process of the portal stopped, nothing of this portal's may run on.
-        strays = local.sweep_orphans(str(settings.PORTAL_WORK_DIR), keep_pids=set(), keep_keys=set())
+        strays = LocalBackend().sweep_orphans(str(settings.PORTAL_WORK_DIR))
         self.stdout.write(
             f"requeued {jobs} running job(s); stopped {compute} instance and notebook process group(s)"
             + (f" and {len(strays)} unrecorded one(s)" if strays else "")

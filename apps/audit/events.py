@@ -1,0 +1,82 @@
+"""Every type of audit event the portal writes, as one enumeration.
+
+An event type is always a member of `Event`, never a string built at run time, so each place that
+writes one can be found by its name. The values are what `AuditEvent.action` stores and what the
+API's `action` filter matches: keep them as they are, since rows already written hold them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Event(StrEnum):
+    # Users and groups (apps/accounts)
+    USER_CREATE = "user.create"
+    USER_UPDATE = "user.update"
+    USER_DEACTIVATE = "user.deactivate"
+    GROUP_CREATE = "group.create"
+    GROUP_UPDATE = "group.update"
+    GROUP_DELETE = "group.delete"
+
+    # Workspaces, memberships, quotas and cohorts (apps/workspaces)
+    WORKSPACE_CREATE = "workspace.create"
+    WORKSPACE_UPDATE = "workspace.update"
+    WORKSPACE_DELETE = "workspace.delete"
+    WORKSPACE_UNIX_ACCOUNT = "workspace.unix_account"
+    MEMBERSHIP_SET = "membership.set"
+    MEMBERSHIP_REMOVE = "membership.remove"
+    QUOTA_SET = "quota.set"
+    QUOTA_DELETE = "quota.delete"
+    COHORT_CREATE = "cohort.create"
+    COHORT_UPDATE = "cohort.update"
+    COHORT_DELETE = "cohort.delete"
+
+    # Profiles (apps/catalog): the values are the models' names
+    COMPUTE_PROFILE_CREATE = "computeprofile.create"
+    COMPUTE_PROFILE_UPDATE = "computeprofile.update"
+    COMPUTE_PROFILE_PUBLISH = "computeprofile.publish"
+    COMPUTE_PROFILE_DELETE = "computeprofile.delete"
+    NOTEBOOK_PROFILE_CREATE = "notebookprofile.create"
+    NOTEBOOK_PROFILE_UPDATE = "notebookprofile.update"
+    NOTEBOOK_PROFILE_PUBLISH = "notebookprofile.publish"
+    NOTEBOOK_PROFILE_DELETE = "notebookprofile.delete"
+
+    # Clusters (apps/inventory)
+    CLUSTER_CREATE = "cluster.create"
+    CLUSTER_UPDATE = "cluster.update"
+    CLUSTER_DELETE = "cluster.delete"
+    CLUSTER_DISCOVER = "cluster.discover"
+
+    # Instances (apps/compute, apps/scheduling): asked for by a user, then done by the portal
+    INSTANCE_LAUNCH = "instance.launch"
+    INSTANCE_UPDATE = "instance.update"
+    INSTANCE_DELETE = "instance.delete"
+    INSTANCE_ADMIT = "instance.admit"
+    INSTANCE_START = "instance.start"
+    INSTANCE_RESTART = "instance.restart"
+    INSTANCE_FAIL = "instance.fail"
+    INSTANCE_DELETED = "instance.deleted"  # its processes are gone; INSTANCE_DELETE is the request
+
+    # Notebooks (apps/compute)
+    NOTEBOOK_LAUNCH = "notebook.launch"
+    NOTEBOOK_UPDATE = "notebook.update"
+    NOTEBOOK_DELETE = "notebook.delete"
+    NOTEBOOK_OPEN = "notebook.open"
+    NOTEBOOK_READY = "notebook.ready"
+    NOTEBOOK_FAIL = "notebook.fail"
+    NOTEBOOK_STOPPED = "notebook.stopped"
+
+    # Jobs (apps/jobs, apps/scheduling); a job's end is named by its state, in lowercase
+    JOB_SUBMIT = "job.submit"
+    JOB_CANCEL = "job.cancel"
+    JOB_ADMIT = "job.admit"
+    JOB_START = "job.start"
+    JOB_PREEMPT = "job.preempt"
+    JOB_REQUEUE = "job.requeue"
+    JOB_SUCCEEDED = "job.succeeded"
+    JOB_FAILED = "job.failed"
+
+
+# A job's end, by the state it ends in (a value of Job.State): a new final state needs its event.
+JOB_ENDS = {"SUCCEEDED": Event.JOB_SUCCEEDED, "FAILED": Event.JOB_FAILED}

@@ -1,0 +1,1 @@
+"""What every kind of workload (job, instance, notebook) shares on its way to a backend."""

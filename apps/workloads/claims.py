@@ -1,0 +1,121 @@
+"""Starting a workload without holding its row: the claim protocol.
+
+A backend's start can take a while (a server to answer, a batch job to run, pods to schedule), and
+no row lock may be held across it: a lock held there would make every action on the workload, and
+the scheduling cycle that wants to requeue it, wait on the backend. So a start
+
+1. *claims* the workload in a short transaction: a token in ``backend_state["starting"]``, unless
+   another live claim holds it;
+2. calls the backend with no transaction open, within the portal's own timeout (``start_within``);
+3. commits the outcome in a second short transaction, only if its claim still holds and the
+   workload still wants to be started; otherwise it stops what it started.
+
+A claim older than its timeout, or made by a process of this host that died, is stale and may be
+taken over. Whatever a dead or timed-out start left running is found by its key and stopped by
+the orphan sweep (``Backend.sweep_orphans``), which spares the workloads claimed right now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any, Protocol
+
+from django.db import models, transaction
+
+from workers.backends.base import Backend, BackendError, Endpoint, Spec
+
+logger = logging.getLogger(__name__)
+
+
+class Claimable(Protocol):
+    pk: Any
+    state: Any
+    backend_state: dict[str, Any]
+
+
+class StartTimedOut(Exception):
+    """The backend did not start the workload within the portal's timeout."""
+
+
+def claim(model: type[models.Model], pk: int, states: tuple[str, ...], timeout_s: float) -> str | None:
+    """Mark the workload as being started by this process, unless it is not in one of `states`
+    or a live claim of another start holds it. Returns the claim's token, or None."""
+    with transaction.atomic():
+        row: Any = model._default_manager.select_for_update().filter(pk=pk, state__in=states).first()
+        if row is None or claim_live(row.backend_state.get("starting"), timeout_s):
+            return None
+        token = secrets.token_hex(8)
+        stamp = {"token": token, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+        row.backend_state = {**row.backend_state, "starting": stamp}
+        row.save(update_fields=["backend_state"])
+        return token
+
+
+def claim_live(stamp: dict[str, Any] | None, timeout_s: float) -> bool:
+    """Whether another start is under way: claimed recently by a process that still lives."""
+    if not stamp or time.time() - float(stamp["at"]) >= timeout_s:
+        return False
+    if stamp.get("host") == socket.gethostname() and stamp.get("pid") != os.getpid():
+        try:
+            os.kill(int(stamp["pid"]), 0)
+        except ProcessLookupError:
+            return False  # the process that claimed it died
+        except PermissionError:
+            pass
+    return True
+
+
+def holds(row: Claimable, token: str) -> bool:
+    return bool((row.backend_state.get("starting") or {}).get("token") == token)
+
+
+def release(model: type[models.Model], pk: int, token: str) -> None:
+    """Give the claim up (the start is to be tried again, by a retry or by reconcile)."""
+    with transaction.atomic():
+        row: Any = model._default_manager.select_for_update().filter(pk=pk).first()
+        if row is not None and holds(row, token):
+            row.backend_state = without(row.backend_state, "starting")
+            row.save(update_fields=["backend_state"])
+
+
+def without(state: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in keys}
+
+
+def start_within(backend: Backend, spec: Spec, timeout_s: float) -> Endpoint:
+    """`backend.start(spec)`, raising StartTimedOut if it has not returned after `timeout_s`.
+
+    The start runs in a thread of its own; one that overruns is left to finish, its result
+    ignored: the caller stops the workload (``stop_and_clear``) and the orphan sweep stops whatever
+    the late start still makes.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["endpoint"] = backend.start(spec)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"start-{spec.key}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise StartTimedOut(f"it did not start within {timeout_s:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["endpoint"]  # type: ignore[no-any-return]
+
+
+def stop_and_clear(backend: Backend, what: str, grace_s: float) -> None:
+    """After a failed start: stop whatever of it runs, then forget its state (the contract)."""
+    try:
+        backend.stop(grace_s)
+        backend.clear_state()
+    except BackendError:
+        logger.warning("stopping %s after a failed start left something running; the sweep will", what, exc_info=True)
