@@ -36,6 +36,6 @@ def placed(world: World, name: str, cluster: Cluster | None, run: dict[str, obje
     """A team A instance, running on ``cluster`` with the backend state ``run``; queued where there is none."""
     instance = Instance.objects.create(workspace=world.team_a, name=name, profile=world.cpu_small)
     if cluster is not None:
-        running = {"state": Instance.State.RUNNING, "cluster": cluster, "backend_state": {"run": run or {}}}
+        running = {"state": Instance.State.RUNNING, "cluster": cluster, "backend_state": run or {}}
         Instance.objects.filter(pk=instance.pk).update(**running)
     return instance

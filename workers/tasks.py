@@ -20,36 +20,32 @@ import time
 from typing import Any
 
 from celery import shared_task
+from celery.utils.log import get_task_logger
 from django.conf import settings
 from django.db import connection
 
-from apps.compute import running as compute
-from apps.jobs import running as jobs
+from apps.compute.hosting import build_notebook_environment as build_environment
 from apps.jobs.models import Job
 from apps.scheduling.adapter import run_cycle
+from apps.workloads import host
 from workers.backends.base import BackendError
 
-_PROVISION_TASKS = frozenset(
-    {
-        "portal.sync_job",
-        "portal.converge_instance",
-        "portal.converge_notebook",
-        "portal.build_notebook_environment",
-    }
-)
+logger = get_task_logger(__name__)
 
 
 def route(
     name: str, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any], **_: Any
 ) -> dict[str, str] | None:
-    """The queue of a task about to be sent (a Celery router): see the module's docstring. A job's
-    start goes to the quick queue if its cluster is this machine, to ``provision`` otherwise."""
-    if name in _PROVISION_TASKS:
+    """The queue of a task about to be sent (a Celery router): see the module's docstring. A
+    workload's convergence goes to ``provision``, but for the start of a job on this machine."""
+    if name == "portal.build_notebook_environment":
         return {"queue": settings.PROVISION_QUEUE}
-    if name == "portal.start_job" and args:
-        kind = Job.objects.filter(pk=args[0]).values_list("cluster__kind", flat=True).first()
-        if kind is not None and kind != "local":
-            return {"queue": settings.PROVISION_QUEUE}
+    if name == "portal.converge" and len(args) == 2:
+        if args[0] == "job":
+            quick = Job.objects.filter(pk=args[1], state=Job.State.ADMITTED, cluster__kind="local").exists()
+            if quick:
+                return None
+        return {"queue": settings.PROVISION_QUEUE}
     return None  # the default queue
 
 
@@ -79,48 +75,18 @@ def schedule_cycle(requested_at: float | None = None) -> dict[str, Any]:
 
 
 @shared_task(
-    name="portal.start_job",
-    ignore_result=True,
-    autoretry_for=(BackendError,),  # do_start_job raises only transient ones
-    retry_backoff=2,
-    retry_backoff_max=60,
-    max_retries=5,
-)
-def start_job(job_id: int) -> None:
-    """Start an admitted job on its backend (transient backend errors are retried with backoff)."""
-    jobs.do_start_job(job_id)
-
-
-@shared_task(name="portal.sync_job", ignore_result=True)
-def sync_job(job_id: int) -> None:
-    """Converge one job with its backend (stop a cancelled or preempted one, record an exit)."""
-    jobs.do_sync_job(job_id)
-
-
-@shared_task(
-    name="portal.converge_instance",
+    name="portal.converge",
     ignore_result=True,
     autoretry_for=(BackendError,),  # only transient ones reach here
     retry_backoff=2,
     retry_backoff_max=60,
     max_retries=5,
 )
-def converge_instance(instance_id: int) -> None:
-    """Start, check or tear down an instance, as its state asks."""
-    compute.converge_instance(instance_id)
-
-
-@shared_task(
-    name="portal.converge_notebook",
-    ignore_result=True,
-    autoretry_for=(BackendError,),
-    retry_backoff=2,
-    retry_backoff_max=60,
-    max_retries=5,
-)
-def converge_notebook(notebook_id: int) -> None:
-    """Start, check or stop a notebook server, as its state asks."""
-    compute.converge_notebook(notebook_id)
+def converge(kind: str, pk: int) -> None:
+    """Do what a workload's state asks of its backend: start it, stop it, or record what became
+    of it (apps/workloads/host.py)."""
+    logger.info("converging %s %s", kind, pk)
+    host.converge(kind, pk)
 
 
 @shared_task(
@@ -133,4 +99,4 @@ def converge_notebook(notebook_id: int) -> None:
 )
 def build_notebook_environment(notebook_id: int) -> None:
     """Build the Python environment a notebook waits for; its start follows as a task of its own."""
-    compute.build_notebook_environment(notebook_id)
+    build_environment(notebook_id)

@@ -1,4 +1,9 @@
-"""State changes of instances and notebooks."""
+"""State changes of instances and notebooks.
+
+The ``record_*`` actions record what their backend did; the workload host
+(apps/workloads/host.py, through apps/compute/hosting.py) calls them on the row it locked, inside
+its transaction.
+"""
 
 from __future__ import annotations
 
@@ -209,7 +214,7 @@ def check_launch_notebook(
 
 def _has_processes(row: Instance | Notebook) -> bool:
     """Whether a backend holds something of it, or a worker is starting it right now."""
-    return "run" in row.backend_state or "starting" in row.backend_state
+    return row.backend_state is not None or row.start_claim is not None
 
 
 def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> Notebook:
@@ -307,3 +312,78 @@ def notebook_user(notebook: Notebook, username: str) -> Any | None:
     """The active user of that name, if they may use the notebook."""
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     return user if user is not None and may_use_notebook(notebook, user) else None
+
+
+def record_instance_start(instance: Instance, *, endpoint: str, restarted: bool) -> None:
+    """Its processes run (the host set its backend state); its waiting notebooks start next."""
+    instance.state = Instance.State.RUNNING
+    instance.started_at = instance.started_at or timezone.now()
+    instance.save()
+    devices = list(
+        Allocation.objects.filter(instance=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
+    )
+    do_log_event(
+        Event.INSTANCE_RESTART if restarted else Event.INSTANCE_START,
+        instance,
+        workspace=instance.workspace,
+        data={"endpoint": endpoint, "devices": [str(d) for d in devices]},
+    )
+    notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
+    for notebook_id in instance.notebooks.filter(state=Notebook.State.PENDING).values_list("pk", flat=True):
+        request_workload("notebook", notebook_id)
+
+
+def record_instance_failure(instance: Instance, reason: str) -> None:
+    """It could not start, or its processes died too often: its notebooks fail with it."""
+    for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
+        record_notebook_end(notebook, Notebook.State.FAILED, f"its instance failed: {reason}")
+    Allocation.objects.filter(instance=instance).delete()
+    instance.state = Instance.State.FAILED
+    instance.failure_reason = reason[:2000]
+    instance.finished_at = timezone.now()
+    instance.save()
+    do_log_event(Event.INSTANCE_FAIL, instance, workspace=instance.workspace, data={"reason": reason})
+    notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state, "reason": reason})
+    request_cycle()
+
+
+def record_instance_deleted(instance: Instance) -> None:
+    """Its backend stopped a deleted instance: its GPUs go back."""
+    Allocation.objects.filter(instance=instance).delete()
+    instance.state = Instance.State.DELETED
+    instance.finished_at = timezone.now()
+    instance.save()
+    do_log_event(Event.INSTANCE_DELETED, instance, workspace=instance.workspace)
+    notify(instance.workspace_id, "instance", {"id": instance.pk, "state": instance.state})
+    request_cycle()
+
+
+def record_notebook_starting(notebook: Notebook) -> None:
+    if notebook.state != Notebook.State.STARTING:
+        notebook.state = Notebook.State.STARTING
+        notebook.save(update_fields=["state"])
+        notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+
+
+def record_notebook_ready(notebook: Notebook, *, target: str) -> None:
+    """Its server answers, behind the proxy at `target`."""
+    notebook.state = Notebook.State.READY
+    notebook.started_at = notebook.started_at or timezone.now()
+    notebook.failure_reason = ""
+    notebook.proxy_target = target
+    notebook.save()
+    do_log_event(Event.NOTEBOOK_READY, notebook, workspace=notebook.workspace, data={"target": target})
+    notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state, "url": notebook.url})
+
+
+def record_notebook_end(notebook: Notebook, state: str, reason: str = "") -> None:
+    """Record a notebook's end (its processes already stopped, or never started)."""
+    notebook.state = state
+    notebook.failure_reason = reason[:2000]
+    notebook.stopped_at = timezone.now()
+    notebook.backend_state = notebook.start_claim = None
+    notebook.proxy_target = ""
+    notebook.save()
+    event = Event.NOTEBOOK_FAIL if state == Notebook.State.FAILED else Event.NOTEBOOK_STOPPED
+    do_log_event(event, notebook, workspace=notebook.workspace, data={"reason": reason} if reason else None)
+    notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})

@@ -6,4 +6,9 @@ class ComputeConfig(AppConfig):
     label = "compute"
 
     def ready(self) -> None:
-        from apps.compute import checks  # noqa: F401  (registers the deployment checks)
+        from apps.compute import (
+            checks,  # noqa: F401  (registers the deployment checks)
+            hosting,
+        )
+
+        hosting.register()

@@ -7,8 +7,8 @@ from http import HTTPStatus
 
 from apps.compute.models import Instance
 from apps.errors import ActionError, Conflict
+from apps.workloads import host
 from workers.backends.base import BackendError
-from workers.backends.registry import backend_for
 
 
 class NoKubeconfig(ActionError):
@@ -25,7 +25,7 @@ def read_kubeconfig(instance: Instance) -> str:
         state = instance.get_state_display().lower()
         raise Conflict(f"Instance {instance.name} is {state}: a kubeconfig, where it has one, comes once it runs.")
     try:
-        config = backend_for(instance.cluster, instance.backend_state.get("run", {})).kubeconfig()
+        config = host.backend_of(host.kind_of("instance"), instance).kubeconfig()
     except BackendError as exc:
         raise Conflict(f"The kubeconfig of instance {instance.name} is not ready: {exc.message}") from None
     if config is None:

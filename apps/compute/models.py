@@ -11,6 +11,7 @@ from django.utils import timezone
 from apps.compute.hosts import host_label, notebook_host, notebook_origin
 from apps.names import validate_dns_label
 from apps.scheduling.models import Workload
+from apps.workloads.models import Hosted
 
 
 class Instance(Workload):
@@ -60,7 +61,7 @@ def _new_access_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-class Notebook(models.Model):
+class Notebook(Hosted):
     class State(models.TextChoices):
         PENDING = "PENDING", "Waiting for its instance"
         STARTING = "STARTING", "Starting"
@@ -79,7 +80,8 @@ class Notebook(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
     access_token = models.CharField(max_length=100, default=_new_access_token)
-    backend_state = models.JSONField(default=dict, blank=True)
+    # Where the notebook proxy sends its host's requests (the server's URL), once ready.
+    proxy_target = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

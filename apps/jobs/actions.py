@@ -1,4 +1,9 @@
-"""State changes of jobs."""
+"""State changes of jobs.
+
+The ``record_*`` actions record what a job's backend did; the workload host
+(apps/workloads/host.py, through apps/jobs/hosting.py) calls them on the row it locked, inside
+its transaction.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,12 @@ from django.db.models import Count
 from django.utils import timezone
 
 from apps.audit.actions import SYSTEM, Origin, do_log_event
-from apps.audit.events import Event
+from apps.audit.events import JOB_ENDS, Event
 from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster, Node
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobAttempt
 from apps.scheduling.limits import check_request_size, gpus_per_node, replica_slots
-from apps.scheduling.trigger import request_cycle, request_job_sync
+from apps.scheduling.trigger import request_cycle, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -201,7 +206,7 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
         request_cycle()
         if previous == Job.State.RUNNING:
-            request_job_sync(job.pk, start=False)  # the worker stops its processes
+            request_workload("job", job.pk)  # the worker stops its processes
     return job
 
 
@@ -226,7 +231,7 @@ def do_preempt_job(
         else:
             job.state = Job.State.PREEMPTED
             job.wait_reason = reason[:500]
-            job.backend_state = {**job.backend_state, "preempt": {"reason": reason, "grace_s": grace_s}}
+            job.stop_grace_s = grace_s
         job.save()
         do_log_event(
             Event.JOB_PREEMPT,
@@ -238,14 +243,14 @@ def do_preempt_job(
         )
         notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "wait_reason": job.wait_reason})
         if job.state == Job.State.PREEMPTED:
-            request_job_sync(job.pk, start=False)  # the worker stops it, then requeues it
+            request_workload("job", job.pk)  # the worker stops it, then requeues it
     return job
 
 
 def unready_backoff_s(job: Job) -> float:
     """How long a gang that did not become ready waits before its next admission: doubling with
     each such requeue, up to PORTAL_GANG_BACKOFF_MAX_S."""
-    requeues = int(job.backend_state.get("not_ready_requeues", 0))
+    requeues = job.unready_requeues
     return float(min(settings.PORTAL_GANG_BACKOFF_S * 2**requeues, settings.PORTAL_GANG_BACKOFF_MAX_S))
 
 
@@ -259,14 +264,14 @@ def do_requeue_unready_job(job: Job, *, timeout_s: int, backoff_s: float) -> Job
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.state != Job.State.ADMITTED:
             return job
-        requeues = int(job.backend_state.get("not_ready_requeues", 0)) + 1
+        requeues = job.unready_requeues + 1
         back_in_line(
             job,
             f"requeued: its {job.replicas} replica(s) were not all running {timeout_s} s after admission; "
             f"eligible again in {int(backoff_s)} s",
             backoff_s=backoff_s,
         )
-        job.backend_state = {**job.backend_state, "not_ready_requeues": requeues}
+        job.unready_requeues = requeues
         job.save()
         do_log_event(
             Event.JOB_REQUEUE,
@@ -306,12 +311,60 @@ def back_in_line(job: Job, wait_reason: str, *, backoff_s: float = 0.0) -> None:
     job.wait_reason = wait_reason[:500]
     if backoff_s:
         job.eligible_at = timezone.now() + timedelta(seconds=backoff_s)
-    job.backend_state = {
-        k: v for k, v in job.backend_state.items() if k not in ("run", "stopped", "starting", "preempt")
-    }
+    job.backend_state = job.start_claim = job.stop_grace_s = None
+    job.backend_stopped = False
 
 
 def _close_attempt(job: Job, outcome: str, reason: str) -> None:
     job.attempt_set.filter(finished_at__isnull=True).update(
         finished_at=timezone.now(), outcome=outcome, reason=reason[:2000]
     )
+
+
+def record_job_start(job: Job, *, endpoint: str) -> None:
+    """Its processes run (the host set its backend state): a new attempt begins."""
+    now = timezone.now()
+    job.state = Job.State.RUNNING
+    job.started_at = now
+    job.attempts += 1
+    job.wait_reason = ""
+    job.save()
+    JobAttempt.objects.create(job=job, number=job.attempts, started_at=now)
+    do_log_event(Event.JOB_START, job, workspace=job.workspace, data={"attempt": job.attempts, "endpoint": endpoint})
+    notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
+
+
+def record_job_progress(job: Job, fraction: float) -> None:
+    if fraction != job.progress:
+        job.progress = fraction
+        job.save(update_fields=["progress"])
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "progress": job.progress})
+
+
+def record_job_end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
+    """Record a job's end: its outcome, its attempt, its GPUs back, a cycle for what waits."""
+    now = timezone.now()
+    Allocation.objects.filter(job=job).delete()
+    job.state = state
+    job.exit_code = exit_code
+    job.finished_at = now
+    job.failure_reason = reason[:2000] if state == Job.State.FAILED else ""
+    if state == Job.State.SUCCEEDED:
+        job.progress = 1.0  # done is all of it, whatever the job last printed
+    job.attempt_set.filter(finished_at__isnull=True).update(
+        finished_at=now, exit_code=exit_code, outcome=state.lower(), reason=reason[:2000]
+    )
+    job.save()
+    do_log_event(JOB_ENDS[state], job, workspace=job.workspace, data={"exit_code": exit_code, "reason": reason})
+    live = {"id": job.pk, "state": job.state, "exit_code": exit_code, "progress": job.progress}
+    notify(job.workspace_id, "job", live)
+    request_cycle()
+
+
+def record_job_stop(job: Job) -> None:
+    """Its backend stopped a cancelled or preempted job: a preempted one goes back in line."""
+    job.save()
+    if job.state == Job.State.PREEMPTED:
+        do_requeue_job(job, reason=job.wait_reason or "preempted", outcome="preempted")
+    else:
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})

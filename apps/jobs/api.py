@@ -17,8 +17,9 @@ from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.compute.api import TargetClusterField, WorkloadStatusMixin
 from apps.jobs import actions
+from apps.jobs.hosting import artifact_file
 from apps.jobs.models import Artifact, Job, JobAttempt
-from apps.jobs.running import artifact_file, job_logs
+from apps.workloads import host
 
 
 class JobAttemptSerializer(StrictModelSerializer):
@@ -115,7 +116,7 @@ class JobViewSet(TenantViewSet):
         replica, offset = query.validated_data["replica"], query.validated_data["offset"]
         if replica >= job.replicas:
             raise serializers.ValidationError({"replica": f"This job has {job.replicas} replica(s), from 0."})
-        data, offset = job_logs(job, replica, offset)
+        data, offset = host.logs("job", job, replica, offset)
         return Response(
             {"replica": replica, "offset": offset, "text": data.decode("utf-8", "replace"), "state": job.state}
         )

@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class JobsConfig(AppConfig):
     name = "apps.jobs"
     label = "jobs"
+
+    def ready(self) -> None:
+        from apps.jobs.hosting import JobKind
+        from apps.workloads import host
+
+        host.register(JobKind())

@@ -35,6 +35,10 @@ class Job(Workload):
     exit_code = models.IntegerField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     progress = models.FloatField(null=True, blank=True)
+    # The grace its preemption gives it (a checkpointable job's signal before the kill).
+    stop_grace_s = models.FloatField(null=True, blank=True)
+    # How often it was requeued for not running in time (its backoff doubles each time).
+    unready_requeues = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -25,7 +25,7 @@ from apps.jobs.actions import do_preempt_job, do_requeue_unready_job, unready_ba
 from apps.jobs.models import Job
 from apps.scheduling import engine
 from apps.scheduling.models import FairShareUsage
-from apps.scheduling.trigger import request_job_sync, request_workload
+from apps.scheduling.trigger import request_workload
 from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
@@ -296,10 +296,7 @@ def _apply_admission(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[in
         data={"placement": placement, "borrowed": str(decision.borrowed)},
     )
     notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
-    if isinstance(row, Job):
-        request_job_sync(row.pk, start=True)
-    else:
-        request_workload("instance", row.pk)
+    request_workload("job" if isinstance(row, Job) else "instance", row.pk)
     return True
 
 

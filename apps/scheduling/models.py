@@ -13,9 +13,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.names import validate_gpu_type
+from apps.workloads.models import Hosted
 
 
-class Workload(models.Model):
+class Workload(Hosted):
     workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="+")
     # Where it runs once admitted (None while it waits); set by the scheduler.
     cluster = models.ForeignKey("inventory.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
@@ -48,13 +49,12 @@ class Workload(models.Model):
     # Requeued with backoff (a gang that did not become ready in time): not admitted before this.
     eligible_at = models.DateTimeField(null=True, blank=True)
 
-    backend_state = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     admitted_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
+    class Meta(Hosted.Meta):
         abstract = True
 
     @property

@@ -1,5 +1,5 @@
-"""Asking the worker for work once the current transaction commits: a scheduling cycle, a job's
-start or convergence, an instance's or notebook's, a notebook environment's build.
+"""Asking the worker for work once the current transaction commits: a scheduling cycle, a
+workload's convergence with its backend (a start, a stop, a check), a notebook environment's build.
 
 Tasks are named here, never imported: this module sits below everything that runs them
 (workers/tasks.py), so that the flow runs one way. Each request goes the way its setting says:
@@ -25,9 +25,7 @@ logger = logging.getLogger(__name__)
 
 # The tasks' names (workers/tasks.py defines them).
 SCHEDULE_CYCLE = "portal.schedule_cycle"
-START_JOB = "portal.start_job"
-SYNC_JOB = "portal.sync_job"
-CONVERGE = {"instance": "portal.converge_instance", "notebook": "portal.converge_notebook"}
+CONVERGE = "portal.converge"
 BUILD_NOTEBOOK_ENVIRONMENT = "portal.build_notebook_environment"
 
 
@@ -37,14 +35,10 @@ def request_cycle() -> None:
     _on_commit(settings.PORTAL_SCHEDULER_TRIGGER, SCHEDULE_CYCLE, lambda: (time.time(),))
 
 
-def request_job_sync(job_id: int, *, start: bool) -> None:
-    """Once committed, have the worker start an admitted job (`start`) or converge it with its backend."""
-    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, START_JOB if start else SYNC_JOB, lambda: (job_id,))
-
-
 def request_workload(kind: str, pk: int) -> None:
-    """Once committed, have the worker converge an instance or a notebook (`kind`) with its backend."""
-    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, CONVERGE[kind], lambda: (pk,))
+    """Once committed, have the worker converge a workload of `kind` ("job", "instance",
+    "notebook") with its backend: start it, stop it, or record what became of it."""
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, CONVERGE, lambda: (kind, pk))
 
 
 def request_environment_build(notebook_id: int) -> None:

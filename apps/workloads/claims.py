@@ -4,15 +4,17 @@ A backend's start can take a while (a server to answer, a batch job to run, pods
 no row lock may be held across it: a lock held there would make every action on the workload, and
 the scheduling cycle that wants to requeue it, wait on the backend. So a start
 
-1. *claims* the workload in a short transaction: a token in ``backend_state["starting"]``, unless
-   another live claim holds it;
+1. *claims* the workload in a short transaction: a token in its ``start_claim``, unless another
+   live claim holds it;
 2. calls the backend with no transaction open, within the portal's own timeout (``start_within``);
 3. commits the outcome in a second short transaction, only if its claim still holds and the
    workload still wants to be started; otherwise it stops what it started.
 
 A claim older than its timeout, or made by a process of this host that died, is stale and may be
-taken over. Whatever a dead or timed-out start left running is found by its key and stopped by
-the orphan sweep (``Backend.sweep_orphans``), which spares the workloads claimed right now.
+taken over. A start that takes one over first asks the backend to adopt what the lost start may
+have made (``Backend.adopt``), so that a workload's body never runs twice; whatever else a dead or
+timed-out start left running is found by its key and stopped by the orphan sweep
+(``Backend.sweep_orphans``), which spares the workloads waiting to start.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.db import models, transaction
@@ -35,25 +38,31 @@ logger = logging.getLogger(__name__)
 class Claimable(Protocol):
     pk: Any
     state: Any
-    backend_state: dict[str, Any]
+    start_claim: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    token: str
+    took_over: bool  # from a start that was lost (its process died, or it overran its timeout)
 
 
 class StartTimedOut(Exception):
     """The backend did not start the workload within the portal's timeout."""
 
 
-def claim(model: type[models.Model], pk: int, states: tuple[str, ...], timeout_s: float) -> str | None:
+def claim(model: type[models.Model], pk: int, states: tuple[str, ...], timeout_s: float) -> Claim | None:
     """Mark the workload as being started by this process, unless it is not in one of `states`
-    or a live claim of another start holds it. Returns the claim's token, or None."""
+    or a live claim of another start holds it. Returns the claim, or None."""
     with transaction.atomic():
         row: Any = model._default_manager.select_for_update().filter(pk=pk, state__in=states).first()
-        if row is None or claim_live(row.backend_state.get("starting"), timeout_s):
+        if row is None or claim_live(row.start_claim, timeout_s):
             return None
         token = secrets.token_hex(8)
-        stamp = {"token": token, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
-        row.backend_state = {**row.backend_state, "starting": stamp}
-        row.save(update_fields=["backend_state"])
-        return token
+        took_over = bool(row.start_claim) and row.backend_state is None
+        row.start_claim = {"token": token, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+        row.save(update_fields=["start_claim"])
+        return Claim(token, took_over)
 
 
 def claim_live(stamp: dict[str, Any] | None, timeout_s: float) -> bool:
@@ -71,7 +80,7 @@ def claim_live(stamp: dict[str, Any] | None, timeout_s: float) -> bool:
 
 
 def holds(row: Claimable, token: str) -> bool:
-    return bool((row.backend_state.get("starting") or {}).get("token") == token)
+    return bool((row.start_claim or {}).get("token") == token)
 
 
 def release(model: type[models.Model], pk: int, token: str) -> None:
@@ -79,12 +88,8 @@ def release(model: type[models.Model], pk: int, token: str) -> None:
     with transaction.atomic():
         row: Any = model._default_manager.select_for_update().filter(pk=pk).first()
         if row is not None and holds(row, token):
-            row.backend_state = without(row.backend_state, "starting")
-            row.save(update_fields=["backend_state"])
-
-
-def without(state: dict[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k not in keys}
+            row.start_claim = None
+            row.save(update_fields=["start_claim"])
 
 
 def start_within(backend: Backend, spec: Spec, timeout_s: float) -> Endpoint:

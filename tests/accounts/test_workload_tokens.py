@@ -29,11 +29,11 @@ def _job(world: World, user: Any, workspace: Workspace, name: str = "train", sta
 
 def _notebook(world: World, user: Any) -> tuple[Instance, Notebook]:
     instance = Instance.objects.create(workspace=world.team_a, name="box", profile=world.cpu_small, created_by=user)
-    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING, backend_state={"run": {}})
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING, backend_state={})
     notebook = Notebook.objects.create(
         workspace=world.team_a, instance=instance, name="lab", profile=world.minimal, created_by=user
     )
-    Notebook.objects.filter(pk=notebook.pk).update(state=Notebook.State.READY, backend_state={"run": {}})
+    Notebook.objects.filter(pk=notebook.pk).update(state=Notebook.State.READY, backend_state={})
     return Instance.objects.get(pk=instance.pk), Notebook.objects.get(pk=notebook.pk)
 
 

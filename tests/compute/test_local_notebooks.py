@@ -25,9 +25,10 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from apps.catalog.models import NotebookProfile
+from apps.compute.hosting import instance_dir
 from apps.compute.models import Instance, Notebook, NotebookAuthCode
-from apps.compute.running import instance_dir, reconcile_compute
 from apps.inventory.models import Allocation
+from apps.workloads.host import reconcile
 from apps.workspaces.actions import do_remove_membership
 from apps.workspaces.models import Membership, Role
 from tests.personas import PASSWORD, World
@@ -50,7 +51,7 @@ def _token(user: Any) -> str:
 
 
 def _pids(row: Instance | Notebook) -> list[int]:
-    return [r["pid"] for r in row.backend_state.get("run", {}).get("replicas", [])]
+    return [r["pid"] for r in (row.backend_state or {}).get("replicas", [])]
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -161,8 +162,8 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
     # The instance holds exactly its GPU, and its notebook server runs with it.
     devices = [str(i) for i in Allocation.objects.filter(instance=instance).values_list("gpu__index", flat=True)]
     assert len(devices) == 1
-    assert instance.backend_state["run"]["replicas"][0]["devices"] == devices
-    assert notebook.backend_state["run"]["replicas"][0]["devices"] == devices
+    assert instance.backend_state["replicas"][0]["devices"] == devices
+    assert notebook.backend_state["replicas"][0]["devices"] == devices
     port = urlsplit(proxy.url).port
     assert notebook.url == f"http://lab-{notebook.pk}.localhost:{port}/"
     assert proxy.routes()[f"/lab-{notebook.pk}.localhost"]["portal_notebook"] == notebook.pk
@@ -360,10 +361,10 @@ def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_on
     # The server dies (a crash, the machine's OOM killer): reconcile starts it again.
     for pid in _pids(notebook):
         os.killpg(pid, 9)
-    reconcile_compute()
+    reconcile()
     notebook.refresh_from_db()
     assert notebook.state == Notebook.State.READY
-    assert notebook.backend_state["restarts"] == 1
+    assert notebook.restarts == 1
     assert _alive(_pids(notebook))
     assert browser_session().get(f"{notebook.url}api/status", headers=token, timeout=10).ok
 
@@ -377,7 +378,7 @@ def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_on
         timeout=5,
     ).raise_for_status()
     requests.delete(f"{proxy.api_url}/api/routes/{notebook.host}", headers=api, timeout=5).raise_for_status()
-    counts = reconcile_compute()
+    counts = reconcile()
     assert (counts["routes_removed"], counts["routes_added"]) == (1, 1)
     assert "/ghost-999999.localhost" not in proxy.routes()
     assert browser_session().get(f"{notebook.url}api/status", headers=token, timeout=10).ok

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from apps.compute import running
 from apps.compute.models import Instance
 from apps.inventory.actions import do_save_cluster
 from apps.inventory.models import Cluster
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
+from apps.workloads import host
 from tests.personas import World
 from workers.backends.base import Backend, BackendError, Keep
 
@@ -44,7 +44,7 @@ def _running_instance(world: World, cluster: Cluster, run: dict[str, Any]) -> In
     instance = Instance.objects.create(
         workspace=world.team_a, name=f"box-{cluster.name}", profile=world.cpu_small, created_by=world.alice
     )
-    running_there = {"state": Instance.State.RUNNING, "cluster": cluster, "backend_state": {"run": run}}
+    running_there = {"state": Instance.State.RUNNING, "cluster": cluster, "backend_state": run}
     Instance.objects.filter(pk=instance.pk).update(**running_there)
     return instance
 
@@ -52,7 +52,7 @@ def _running_instance(world: World, cluster: Cluster, run: dict[str, Any]) -> In
 @pytest.fixture
 def asked(monkeypatch: Any) -> Asked:
     answer = Asked(failing={"hpc-b"})
-    monkeypatch.setattr(running, "backend_for", answer.backend_for)
+    monkeypatch.setattr(host, "backend_for", answer.backend_for)
     return answer
 
 
@@ -73,7 +73,7 @@ def test_every_enabled_cluster_and_every_one_holding_a_workload_is_swept(
     Job.objects.filter(pk=admitted.pk).update(state=Job.State.ADMITTED)
 
     # hpc-b does not answer: the others are swept all the same, and its orphans wait for the next sweep.
-    assert running.sweep_orphans() == 3
+    assert host.sweep_orphans() == 3
 
     assert sorted(asked.sweeps) == ["hpc-a", "hpc-b", "local", "retired"]
     owner = str(settings.PORTAL_WORK_DIR)

@@ -13,8 +13,8 @@ import pytest
 from apps.audit.models import AuditEvent
 from apps.jobs.actions import check_submit_job, do_cancel_job, do_preempt_job
 from apps.jobs.models import Job
-from apps.jobs.running import do_sync_job, reconcile_jobs
 from apps.scheduling.adapter import run_cycle
+from apps.workloads.host import converge, reconcile
 from tests.personas import World
 
 
@@ -39,7 +39,7 @@ def settle(job: Job, *states: str, timeout_s: float = 20.0) -> Job:
     """Reconcile the job until it reaches one of `states`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        do_sync_job(job.pk)
+        converge("job", job.pk)
         job.refresh_from_db()
         if job.state in states:
             return job
@@ -118,16 +118,16 @@ def test_cancel_stops_every_process_of_a_running_job(
     world: World, run: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     job = run(world, "sleep 100 & sleep 100; wait")
-    pids = [r["pid"] for r in job.backend_state["run"]["replicas"]]
+    pids = [r["pid"] for r in job.backend_state["replicas"]]
     assert _alive(pids)
 
     with django_capture_on_commit_callbacks(execute=True):
         do_cancel_job(job, acting_user=world.alice)
 
     job.refresh_from_db()
-    assert job.state == Job.State.CANCELLED and job.backend_state["stopped"] is True
+    assert job.state == Job.State.CANCELLED and job.backend_stopped is True
     assert _alive(pids) == []
-    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _is_in(int(p), job.backend_state["run"]["job_dir"])]
+    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _is_in(int(p), job.backend_state["job_dir"])]
     assert leftovers == []
 
 
@@ -142,7 +142,7 @@ def test_a_preempted_running_job_is_stopped_and_requeued(
     world: World, run: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     job = run(world, "sleep 100", checkpointable=True)
-    pids = [r["pid"] for r in job.backend_state["run"]["replicas"]]
+    pids = [r["pid"] for r in job.backend_state["replicas"]]
 
     with django_capture_on_commit_callbacks(execute=True):
         do_preempt_job(job, reason="preempted for a test", grace_s=1.0)
@@ -163,5 +163,5 @@ def test_reconcile_starts_a_job_whose_start_was_lost(world: World, settings: Any
     run_cycle()  # admitted; the worker never heard of it (the trigger is off)
     Job.objects.filter(pk=job.pk).update(admitted_at=job.created_at.replace(year=2000))
 
-    assert reconcile_jobs()["started"] == 1
+    assert reconcile(sweep=False)["converged"] == 1
     settle(job, Job.State.SUCCEEDED)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from apps.jobs.models import Job
-from apps.jobs.running import reconcile_jobs
 from apps.scheduling.backoff import Backoff
+from apps.workloads.host import reconcile
 from tests.personas import World
 
 
@@ -24,10 +24,10 @@ def test_delays_double_up_to_the_cap_and_reset_on_success() -> None:
 def test_reconcile_backs_off_a_broken_job_and_converges_the_rest(world: World, settings: Any) -> None:
     settings.PORTAL_START_LOST_AFTER_S = 1
     broken = Job.objects.create(workspace=world.team_a, name="broken", command="true", state=Job.State.RUNNING,
-                                backend_state={"run": {"version": 999}})  # fmt: skip
-    first = reconcile_jobs()
+                                backend_state={"version": 999})  # fmt: skip
+    first = reconcile(sweep=False)
     assert first["failed"] == 1
-    second = reconcile_jobs()  # within its backoff: not tried again
-    assert second["failed"] == 0 and second["synced"] == 0
+    second = reconcile(sweep=False)  # within its backoff: not tried again
+    assert second["failed"] == 0 and second["converged"] == 0
     broken.refresh_from_db()
     assert broken.state == Job.State.RUNNING

@@ -58,7 +58,7 @@ def launch(world: World, user: Any, workspace: str) -> Notebook:
 
 def server_base(notebook: Notebook) -> str:
     """The server itself (not through the proxy): its address and its base URL."""
-    target = notebook.backend_state["target"].rstrip("/")
+    target = notebook.proxy_target.rstrip("/")
     path = urlparse(notebook.url).path if "://" in notebook.url else notebook.url
     return f"{target}{path or '/'}"
 
@@ -110,7 +110,7 @@ def attack(tx_world: World, proxy: Proxy, tmp_path: Path, settings: Any) -> set[
     NotebookProfile.objects.get_or_create(name="kernel-only", image="quay.io/jupyter/base-notebook", published=True)
     victim = launch(tx_world, tx_world.charlie, "team-b")
     attacker = launch(tx_world, tx_world.alice, "team-a")
-    victim_run = victim.backend_state["run"]
+    victim_run = victim.backend_state
     env = ensure_env([], Path(django_settings.PORTAL_NOTEBOOK_ENV_DIR))
     static = next(env.glob("lib/python3*/site-packages/jupyter_server/static"))
     targets = {

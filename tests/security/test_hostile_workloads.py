@@ -28,7 +28,7 @@ from django.conf import settings as django_settings
 
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
-from apps.jobs.running import do_sync_job, job_logs
+from apps.workloads import host
 from tests.personas import World
 
 ATTACK = r"""
@@ -105,7 +105,7 @@ class Scene:
 def settle(job: Job, timeout_s: float = 30.0) -> Job:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        do_sync_job(job.pk)
+        host.converge("job", job.pk)
         job.refresh_from_db()
         if job.state in (Job.State.SUCCEEDED, Job.State.FAILED):
             return job
@@ -146,7 +146,7 @@ def scene(world: World, settings: Any, tmp_path: Path, django_capture_on_commit_
     victim = scene.submit(
         world.team_b, world.charlie, "echo team-b data > data.txt; exec sleep 300", env={"TEAM_B_SECRET": team_b_secret}
     )
-    run = victim.backend_state["run"]
+    run = victim.backend_state
     wait_for_file(Path(run["job_dir"], "data.txt"))
     scene.targets = {
         "read": {
@@ -179,7 +179,7 @@ def test_a_sandboxed_job_reaches_nothing_of_the_portal_or_another_workspace(scen
 
     job = settle(attacker)
 
-    log = job_logs(job)[0].decode()
+    log = host.logs("job", job)[0].decode()
     assert job.state == Job.State.SUCCEEDED, log
     assert leaks_in(log) == set()
     assert not Path(scene.targets["write"]["team-b-dir"]).exists()
@@ -192,14 +192,14 @@ def test_without_the_sandbox_the_same_job_reaches_all_of_it(scene: Scene, settin
 
     job = settle(attacker)
 
-    assert leaks_in(job_logs(job)[0].decode()) >= EVERY_LEAK
+    assert leaks_in(host.logs("job", job)[0].decode()) >= EVERY_LEAK
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="workspace accounts are made only when the portal runs as root")
 def test_each_workspace_runs_as_its_own_account_in_a_directory_only_it_can_open(scene: Scene) -> None:
     job = settle(scene.submit(scene.world.team_a, scene.world.alice, 'id -u; id -G; stat -c "%a %u" ..'))
 
-    uid, groups, workspace_dir = job_logs(job)[0].decode().split("\n")[:3]
+    uid, groups, workspace_dir = host.logs("job", job)[0].decode().split("\n")[:3]
     team_a = scene.world.team_a
     team_a.refresh_from_db()
     assert int(uid) == team_a.unix_uid == django_settings.PORTAL_WORKSPACE_UID_MIN + team_a.pk
@@ -247,7 +247,7 @@ def test_a_process_on_a_sandboxed_instance_reaches_nothing_either(scene: Scene) 
 
     instance = Instance.objects.get(pk=response.json()["id"])
     assert instance.state == Instance.State.RUNNING, instance.failure_reason
-    holder = sandboxed(instance.backend_state["run"]["replicas"][0]["pid"])[0]
+    holder = sandboxed(instance.backend_state["replicas"][0]["pid"])[0]
     uid = Path(f"/proc/{holder}").stat().st_uid
     try:
         entered = subprocess.run(
@@ -256,8 +256,6 @@ def test_a_process_on_a_sandboxed_instance_reaches_nothing_either(scene: Scene) 
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
-        from apps.compute.running import stop_local_compute
-
-        stop_local_compute()
+        host.stop_on_this_machine()
     assert uid == django_settings.PORTAL_WORKSPACE_UID_MIN + scene.world.team_a.pk
     assert leaks_in(entered.stdout) == set(), entered.stderr

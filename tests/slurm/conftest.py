@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from apps.inventory.actions import do_register_cluster
 from apps.inventory.models import Cluster
 from apps.jobs.models import Job
-from apps.jobs.running import reconcile_jobs
+from apps.workloads.host import reconcile
 from tests.personas import World
 
 SETTLE_S = 30.0
@@ -53,7 +53,7 @@ def squeue(slurm_id: str) -> str:
 
 
 def slurm_id(job_id: int) -> str:
-    run: dict[str, Any] = Job.objects.get(pk=job_id).backend_state.get("run", {})
+    run: dict[str, Any] = Job.objects.get(pk=job_id).backend_state or {}
     return str(run.get("job_id", ""))
 
 
@@ -93,7 +93,7 @@ class Portal:
         """Run the worker's periodic reconcile until the job is in one of `states`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            reconcile_jobs()
+            reconcile(sweep=False)
             job = self.job(job_id)
             if job["state"] in states:
                 return job

@@ -30,7 +30,7 @@ def test_each_workspace_runs_as_its_own_account_and_cannot_reach_the_others_file
     charlie = Portal(world.client(world.charlie), django_capture_on_commit_callbacks)
     writer = portal.submit("writer", 'echo "team-a data" > secret.txt; id -un; echo "$SLURM_JOB_ACCOUNT"')
     writer = portal.settle(writer["id"], "SUCCEEDED", "FAILED")
-    job_dir = Path(Job.objects.get(pk=writer["id"]).backend_state["run"]["job_dir"])
+    job_dir = Path(Job.objects.get(pk=writer["id"]).backend_state["job_dir"])
     team_a_dir = job_dir.parent
 
     probe = (
@@ -78,7 +78,7 @@ def test_a_slurm_job_reaches_nothing_of_the_portal_or_another_workspace(
     charlie = Portal(world.client(world.charlie), django_capture_on_commit_callbacks)
     victim = charlie.submit("victim", "echo team-b data > data.txt; exec sleep 300", workspace="team-b",
                             env={"TEAM_B_SECRET": team_b_secret})  # fmt: skip
-    victim_dir = Path(Job.objects.get(pk=victim["id"]).backend_state["run"]["job_dir"])
+    victim_dir = Path(Job.objects.get(pk=victim["id"]).backend_state["job_dir"])
     try:
         victim_pid = _wait_for_process_with(team_b_secret)
         targets = {

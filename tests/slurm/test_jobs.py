@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from apps.jobs.models import Job
-from apps.jobs.running import reconcile_jobs
+from apps.workloads.host import reconcile
 from tests.slurm.conftest import Portal, slurm_id, squeue
 
 
@@ -57,10 +57,10 @@ def test_it_cancels_a_running_slurm_job(portal: Portal) -> None:
 
     assert job["state"] == "CANCELLED"
     assert squeue(running) == ""
-    assert Job.objects.get(pk=job["id"]).backend_state["stopped"] is True
+    assert Job.objects.get(pk=job["id"]).backend_stopped is True
     log = portal.logs(job["id"])
     assert log.startswith("started\n") and f"STEP {running}.0 ON " in log and " CANCELLED AT " in log, log
-    assert reconcile_jobs() == {"started": 0, "synced": 0, "failed": 0}  # nothing left to converge
+    assert _converged() == (0, 0)  # nothing left to converge
 
 
 def test_a_restarted_portal_finds_its_slurm_job_by_id_and_records_its_exit(portal: Portal) -> None:
@@ -69,17 +69,17 @@ def test_a_restarted_portal_finds_its_slurm_job_by_id_and_records_its_exit(porta
 
     # The worker that started it kept nothing: reconcile makes new backend objects from the row's
     # backend_state alone, as a restarted portal does.
-    assert reconcile_jobs() == {"started": 0, "synced": 1, "failed": 0}
+    assert _converged() == (1, 0)
     assert Job.objects.get(pk=job_id).state == Job.State.RUNNING
     deadline = time.monotonic() + 30
     while squeue(running):  # the job ends while no one watches
         assert time.monotonic() < deadline, squeue(running)
         time.sleep(0.2)
-    assert reconcile_jobs() == {"started": 0, "synced": 1, "failed": 0}
+    assert _converged() == (1, 0)
 
     job = Job.objects.get(pk=job_id)
     assert (job.state, job.exit_code, job.failure_reason) == (Job.State.FAILED, 7, "failed with exit code 7")
-    assert job.backend_state["run"]["job_id"] == running
+    assert job.backend_state["job_id"] == running
     assert sacct_record(running) == f"job-{job_id}|FAILED|7:0"
 
 
@@ -93,3 +93,9 @@ def sacct_record(slurm_job_id: str, timeout_s: float = 10.0) -> str:
         if record.startswith("job-") or time.monotonic() > deadline:
             return record
         time.sleep(0.2)
+
+
+def _converged() -> tuple[int, int]:
+    """One reconcile: how many workloads it converged, and how many failed."""
+    counts = reconcile(sweep=False)
+    return counts["converged"], counts["failed"]

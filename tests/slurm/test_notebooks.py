@@ -40,7 +40,7 @@ def test_instance_and_notebook_run_as_slurm_jobs(
     instance = Instance.objects.get(pk=response.json()["id"])
     assert instance.state == Instance.State.RUNNING, instance.failure_reason
     assert instance.cluster is not None and instance.cluster.name == "slurm"
-    holder = instance.backend_state["run"]["job_id"]
+    holder = instance.backend_state["job_id"]
     assert "RUNNING" in squeue(holder)
 
     body = {"workspace": "team-a", "name": "lab", "instance": instance.pk, "profile": "kernel-only"}
@@ -48,7 +48,7 @@ def test_instance_and_notebook_run_as_slurm_jobs(
     assert response.status_code == 201, response.content
     notebook = Notebook.objects.get(pk=response.json()["id"])
     assert notebook.state == Notebook.State.READY, notebook.failure_reason
-    server = notebook.backend_state["run"]["job_id"]
+    server = notebook.backend_state["job_id"]
     assert "RUNNING" in squeue(server)
     users = subprocess.run(["squeue", "-h", "-j", f"{holder},{server}", "-o", "%u %a"], capture_output=True, text=True)
     assert users.stdout.split("\n")[:2] == [f"gpw{tx_world.team_a.pk} team-a"] * 2  # the workspace's accounts

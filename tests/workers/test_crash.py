@@ -20,14 +20,14 @@ from django.db import connection
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_instance
 from apps.compute.models import Instance, Notebook
-from apps.compute.running import reconcile_compute
 from apps.inventory.actions import do_register_cluster
+from apps.workloads.host import reconcile
 from portal.celery import app
 from tests.conftest import SHARED_ENV_DIR
 from tests.personas import World
 from tests.proxy import Proxy, browser_session
 from tests.workers.conftest import ROOT, _database_url_for
-from workers.tasks import converge_notebook
+from workers.tasks import converge
 
 WAIT_S = 90.0
 
@@ -98,7 +98,7 @@ def worker_queue(proxy: Proxy, settings: Any) -> Iterator[str]:
     queue = f"crash-{uuid.uuid4().hex[:10]}"
     default, routes = app.conf.task_default_queue, app.conf.task_routes
     app.conf.task_default_queue = queue
-    app.conf.task_routes = {name: {"queue": queue} for name in ("portal.converge_instance", "portal.converge_notebook")}
+    app.conf.task_routes = {"portal.converge": {"queue": queue}}
     _reroute()
     try:
         yield queue
@@ -144,7 +144,7 @@ def test_worker_killed_mid_provisioning_converges_without_orphans(
     # before the worker recorded it.
     first = _start_worker(worker_queue, settings)
     try:
-        converge_notebook.apply_async(args=[notebook.pk], queue=worker_queue)
+        converge.apply_async(args=["notebook", notebook.pk], queue=worker_queue)
         if cluster == "local":
             orphans: list[Any] = _until(lambda: _server_pids(owner, key), "the notebook server to be launched")
         else:
@@ -154,7 +154,7 @@ def test_worker_killed_mid_provisioning_converges_without_orphans(
     finally:
         _stop(first)
     notebook.refresh_from_db()
-    assert notebook.state == Notebook.State.STARTING and "run" not in notebook.backend_state
+    assert notebook.state == Notebook.State.STARTING and notebook.backend_state is None
     assert not any(route.get("portal_notebook") == notebook.pk for route in proxy.routes().values())
 
     # A new worker starts; the scheduler loop's reconcile hands it the notebook again and then
@@ -162,13 +162,13 @@ def test_worker_killed_mid_provisioning_converges_without_orphans(
     settings.PORTAL_WORKLOAD_TRIGGER = "task"
     second = _start_worker(worker_queue, settings)
     try:
-        reconcile_compute()
+        reconcile()
         _until(lambda: Notebook.objects.get(pk=notebook.pk).state == Notebook.State.READY, "the notebook to be ready")
-        reconcile_compute()
+        reconcile()
     finally:
         _stop(second)
     notebook.refresh_from_db()
-    run = notebook.backend_state["run"]
+    run = notebook.backend_state
     if cluster == "local":
         assert _server_pids(owner, key) == [run["replicas"][0]["pid"]]
         assert not set(orphans) & set(_server_pids(owner, key))

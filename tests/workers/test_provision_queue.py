@@ -23,10 +23,10 @@ import requests
 
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_instance
 from apps.compute.models import Instance, Notebook
-from apps.compute.running import converge_notebook
 from apps.inventory.actions import do_register_cluster
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
+from apps.workloads.host import converge
 from portal.celery import app
 from tests.personas import World
 from tests.test_embedded import EmbeddedPortal
@@ -39,9 +39,9 @@ def _queue_of(name: str, *args: Any) -> str:
 
 def test_slow_tasks_go_to_the_provision_queue_and_quick_ones_do_not(tx_world: World, settings: Any) -> None:
     assert settings.PROVISION_QUEUE == "provision" and app.conf.task_default_queue == "celery"
-    for slow in ("portal.converge_instance", "portal.converge_notebook", "portal.build_notebook_environment"):
-        assert _queue_of(slow, 1) == "provision"
-    assert _queue_of("portal.sync_job", 1) == "provision"  # a stop waits out its grace period
+    for kind in ("instance", "notebook"):
+        assert _queue_of("portal.converge", kind, 1) == "provision"
+    assert _queue_of("portal.build_notebook_environment", 1) == "provision"
     assert _queue_of("portal.schedule_cycle", time.time()) == "celery"
 
     # A job's start: quick on this machine, provisioning on Slurm (which returns once the job runs).
@@ -56,9 +56,12 @@ def test_slow_tasks_go_to_the_provision_queue_and_quick_ones_do_not(tx_world: Wo
     )
     job.refresh_from_db()
     assert job.cluster is not None and job.cluster.kind == "local"
-    assert _queue_of("portal.start_job", job.pk) == "celery"
+    assert _queue_of("portal.converge", "job", job.pk) == "celery"
     Job.objects.filter(pk=job.pk).update(cluster=slurm)
-    assert _queue_of("portal.start_job", job.pk) == "provision"
+    assert _queue_of("portal.converge", "job", job.pk) == "provision"
+    # Its stop (once cancelled or preempted) waits out its grace period: provisioning too.
+    Job.objects.filter(pk=job.pk).update(cluster=job.cluster, state=Job.State.CANCELLED)
+    assert _queue_of("portal.converge", "job", job.pk) == "provision"
 
 
 @pytest.fixture
@@ -104,11 +107,11 @@ def test_a_notebook_start_hands_its_environment_build_to_a_task_of_its_own(
         # waits on the provision queue (only there), the start to follow once it is built.
         settings.PORTAL_WORKLOAD_TRIGGER = "task"
         began = time.monotonic()
-        converge_notebook(notebook.pk)
+        converge("notebook", notebook.pk)
         assert time.monotonic() - began < 5  # a build takes a quarter of a minute or more
         notebook.refresh_from_db()
         assert notebook.state == Notebook.State.STARTING
-        assert "starting" not in notebook.backend_state and "run" not in notebook.backend_state
+        assert notebook.start_claim is None and notebook.backend_state is None
         assert _queued(provision) == [("portal.build_notebook_environment", f"({notebook.pk},)")]
         assert _queued(quick) == []
         assert not any((tmp_path / "envs").glob("*.building"))
@@ -186,8 +189,9 @@ def test_a_job_runs_while_a_notebook_environment_builds(tmp_path: Path, monkeypa
         logs = tmp_path / "portal-data" / "logs"
         quick, provisioning = (logs / "worker.log").read_text(), (logs / "provision-worker.log").read_text()
         assert re.search(r"portal\.build_notebook_environment\[.*\] succeeded", provisioning)
-        assert re.search(r"portal\.converge_notebook\[.*\] succeeded", provisioning)
-        assert re.search(r"portal\.start_job\[.*\] succeeded", quick)
-        assert not re.search(r"Task portal\.(build_notebook_environment|converge_\w+)\[", quick)
+        assert re.search(r"portal\.converge\[.*\]: converging notebook \d+", provisioning)
+        assert re.search(r"portal\.converge\[.*\]: converging job \d+", quick)  # the job's start
+        assert re.search(r"portal\.converge\[.*\] succeeded", quick)
+        assert not re.search(r"Task portal\.build_notebook_environment\[|converging (notebook|instance)", quick)
     finally:
         assert portal.stop() == 0

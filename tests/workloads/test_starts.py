@@ -17,7 +17,7 @@ from django.db import connections
 
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
-from apps.jobs.running import do_start_job, do_sync_job
+from apps.workloads.host import converge
 from tests.personas import World
 from workers.backends.base import Backend, BackendError
 from workers.backends.local import LocalBackend
@@ -88,12 +88,12 @@ def test_a_hanging_start_holds_up_no_other_job_and_no_cancel(
     world = tx_world
     slow = submit(world, "slow")
     gate = Gate(monkeypatch, f"job-{slow.pk}")
-    hanging = in_thread(do_start_job, slow.pk)
+    hanging = in_thread(converge, "job", slow.pk)
     assert gate.entered.wait(20)  # its processes started; its backend call has not returned
 
     # Another job is admitted by a scheduling cycle and started, in this thread, meanwhile.
     quick = submit(world, "quick")
-    started = do_start_job(quick.pk)
+    started = converge("job", quick.pk)
     assert started is not None and started.state == Job.State.RUNNING
 
     # The hanging job is cancelled at once (a row lock across the start would block this call).
@@ -103,10 +103,10 @@ def test_a_hanging_start_holds_up_no_other_job_and_no_cancel(
     gate.go.set()
     hanging.result(timeout=30)
     slow.refresh_from_db()
-    assert slow.state == Job.State.CANCELLED and "run" not in slow.backend_state  # nothing recorded
+    assert slow.state == Job.State.CANCELLED and slow.backend_state is None  # nothing recorded
     assert f"job-{slow.pk}" in gate.stopped and gate.cleared  # what its start made was stopped
     do_cancel_job(Job.objects.get(pk=quick.pk), acting_user=None)
-    do_sync_job(quick.pk)
+    converge("job", quick.pk)
 
 
 def test_a_failed_start_is_stopped_and_cleared(tx_world: World, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,11 +118,11 @@ def test_a_failed_start_is_stopped_and_cleared(tx_world: World, work: Path, monk
         raise BackendError("the node refused the job", permanent=True)
 
     monkeypatch.setattr(LocalBackend, "start_job", failing_start)
-    do_start_job(job.pk)
+    converge("job", job.pk)
     job.refresh_from_db()
     assert job.state == Job.State.FAILED and "the node refused the job" in job.failure_reason
     assert gate.stopped and gate.cleared
-    assert "starting" not in job.backend_state and not job.allocations.exists()
+    assert job.start_claim is None and not job.allocations.exists()
 
 
 def test_a_start_that_overruns_its_timeout_is_stopped_and_requeued(
@@ -133,12 +133,12 @@ def test_a_start_that_overruns_its_timeout_is_stopped_and_requeued(
     job = submit(world, "late")
     gate = Gate(monkeypatch, f"job-{job.pk}")
     try:
-        do_start_job(job.pk)
+        converge("job", job.pk)
         job.refresh_from_db()
         assert job.state == Job.State.QUEUED and job.cluster is None
         assert "backoff" in job.wait_reason  # the cycle after the requeue explains the wait
-        assert job.eligible_at is not None and job.backend_state.get("not_ready_requeues") == 1
-        assert "starting" not in job.backend_state and not job.allocations.exists()
+        assert job.eligible_at is not None and job.unready_requeues == 1
+        assert job.start_claim is None and not job.allocations.exists()
         assert f"job-{job.pk}" in gate.stopped and gate.cleared
     finally:
         gate.go.set()

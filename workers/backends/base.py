@@ -349,6 +349,12 @@ class Backend(ABC):
         backend has none."""
         return None
 
+    def adopt(self, spec: Spec) -> Endpoint | None:
+        """Take over a workload started earlier under ``spec.key`` whose start was never recorded
+        (its worker died): afterwards this backend acts on it as if it had started it. ``None``
+        where there is none. Default: ``None``, this backend cannot find its workloads by key."""
+        return None
+
     # -- the cluster ---------------------------------------------------------------------------
 
     def discover(self) -> list[GpuInfo]:

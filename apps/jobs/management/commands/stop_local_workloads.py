@@ -3,8 +3,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from apps.compute.running import stop_local_compute
-from apps.jobs.running import stop_local_jobs
+from apps.workloads.host import stop_on_this_machine
 from workers.backends.local import LocalBackend
 
 
@@ -15,12 +14,10 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        jobs = stop_local_jobs()
-        compute = stop_local_compute()
+        stopped = stop_on_this_machine()
         # A start the worker had under way when it was stopped left processes no row records yet:
         # with every process of the portal stopped, nothing of this portal's may run on.
         strays = LocalBackend().sweep_orphans(str(settings.PORTAL_WORK_DIR))
         self.stdout.write(
-            f"requeued {jobs} running job(s); stopped {compute} instance and notebook process group(s)"
-            + (f" and {len(strays)} unrecorded one(s)" if strays else "")
+            f"stopped {stopped} workload(s)" + (f" and {len(strays)} unrecorded one(s)" if strays else "")
         )

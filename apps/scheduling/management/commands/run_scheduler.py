@@ -8,9 +8,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from apps.compute.running import SWEEP_EVERY_S, reconcile_compute
-from apps.jobs.running import reconcile_jobs
 from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
+from apps.workloads.host import SWEEP_EVERY_S, reconcile
 from apps.workspaces.live import HEARTBEAT_S, heartbeat
 
 logger = logging.getLogger(__name__)
@@ -39,9 +38,8 @@ class Command(BaseCommand):
         while not stop.is_set():
             close_old_connections()
             try:
-                reconcile_jobs()
                 sweep = time.monotonic() - last_sweep >= SWEEP_EVERY_S
-                reconcile_compute(sweep=sweep)
+                reconcile(sweep=sweep)
                 if sweep:
                     last_sweep = time.monotonic()
                 requeue_unready_gangs()

@@ -1,0 +1,293 @@
+"""Instances and notebooks as kinds of workload of the host (apps/workloads/host.py).
+
+An admitted instance is started; a running one is watched and, when its processes died (or
+stopped with the embedded portal), started again in place, keeping its GPUs, up to
+``PORTAL_RESTART_LIMIT`` times; a deleted one is stopped, its notebooks first. A notebook starts
+once its instance runs, behind the notebook proxy (its own host name), and is watched and stopped
+the same way.
+
+A notebook's Python environment is built once per package list, which can take minutes: with a
+worker, a start that finds it missing hands the build to a task of its own
+(``build_notebook_environment``), and the start is asked again once it is built, so that nothing
+waits on a build but its notebooks (workers/tasks.py routes both to the ``provision`` queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from apps.accounts.tokens import workload_env
+from apps.compute import actions, proxy
+from apps.compute.models import Instance, Notebook
+from apps.inventory.models import Allocation
+from apps.scheduling.trigger import request_environment_build, request_workload
+from apps.workloads import claims, host
+from apps.workloads.host import Kind, Phase
+from apps.workspaces.unix import run_as_for
+from workers.backends.base import Backend, BackendError, Endpoint, InstanceSpec, NotebookSpec, PolicyRefusal
+from workers.backends.pyenv import ensure_env, env_is_built
+from workers.backends.registry import backend_for
+
+logger = logging.getLogger(__name__)
+
+
+def _devices(instance: Instance) -> list[str]:
+    indexes = Allocation.objects.filter(instance=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
+    return [str(i) for i in indexes]
+
+
+def instance_dir(instance: Instance) -> str:
+    return str(settings.PORTAL_WORK_DIR / instance.workspace.name / f"instance-{instance.pk}")
+
+
+class InstanceKind(Kind):
+    name = "instance"
+    model = Instance
+    start_states = (Instance.State.PROVISIONING,)
+    live_states = Instance.LIVE_STATES
+    restarts_in_place = True
+
+    def load(self, pk: int) -> Instance | None:
+        return Instance.objects.select_related("workspace", "cluster", "profile").filter(pk=pk).first()
+
+    def phase(self, row: Instance) -> Phase | None:
+        return {
+            Instance.State.PROVISIONING: Phase.START,
+            Instance.State.RUNNING: Phase.WATCH,
+            Instance.State.DELETING: Phase.STOP,
+        }.get(row.state)
+
+    def due(self, lost_before: datetime) -> Iterable[int]:
+        rows = Instance.objects.filter(
+            Q(state__in=[Instance.State.RUNNING, Instance.State.DELETING])
+            | Q(state=Instance.State.PROVISIONING, admitted_at__lt=lost_before)
+        )
+        return rows.values_list("pk", flat=True)
+
+    def start_timeout_s(self) -> float:
+        return float(settings.PORTAL_INSTANCE_START_TIMEOUT_S)
+
+    def spec(self, instance: Instance) -> InstanceSpec:
+        members = instance.workspace.memberships.values_list("user__username", flat=True)
+        return InstanceSpec(
+            key=self.key(instance.pk),
+            workspace=instance.workspace.name,
+            name=instance.name,
+            work_dir=str(settings.PORTAL_WORK_DIR / instance.workspace.name),
+            kind=instance.profile.kind,
+            devices=_devices(instance),
+            gpu_type=instance.gpu_type,
+            gpus=float(instance.gpus_per_replica),
+            cpu_cores=float(instance.cpu_cores),
+            memory_gb=float(instance.memory_gb),
+            users=sorted(members),
+            run_as=run_as_for(instance.workspace, instance.cluster),
+            portal_env=workload_env(instance),
+        )
+
+    def record_start(self, row: Instance, endpoint: Endpoint, *, restarted: bool) -> None:
+        actions.record_instance_start(row, endpoint=f"{endpoint.host}:{endpoint.port}", restarted=restarted)
+
+    def record_start_failure(self, row: Instance, reason: str, *, timed_out: bool) -> None:
+        actions.record_instance_failure(row, reason)
+
+    def before_stop(self, row: Instance) -> None:
+        notebooks = Notebook.objects.filter(instance_id=row.pk, state__in=Notebook.LIVE_STATES)
+        for notebook_id in notebooks.values_list("pk", flat=True):
+            host.stop(NOTEBOOKS, notebook_id)
+
+    def record_stop(self, row: Instance, backend: Backend | None) -> None:
+        actions.record_instance_deleted(row)
+
+    def record_host_stop(self, row: Instance) -> None:
+        row.save()  # still RUNNING: the next reconcile starts it again
+
+
+def notebook_auth_url(notebook: Notebook) -> str:
+    """Where the notebook's server reaches the portal, server to server (apps/compute/views.py)."""
+    base = settings.PORTAL_INTERNAL_URL.rstrip("/")
+    return f"{base}/internal/notebooks/{notebook.pk}/"
+
+
+class NotebookKind(Kind):
+    name = "notebook"
+    model = Notebook
+    cluster_field = "instance__cluster"
+    start_states = (Notebook.State.PENDING, Notebook.State.STARTING)
+    live_states = Notebook.LIVE_STATES
+    restarts_in_place = True
+    start_errors = (proxy.ProxyError,)
+
+    def load(self, pk: int) -> Notebook | None:
+        related = ("workspace", "profile", "instance__workspace", "instance__cluster")
+        return Notebook.objects.select_related(*related).filter(pk=pk).first()
+
+    def phase(self, row: Notebook) -> Phase | None:
+        if row.state in self.start_states:
+            return Phase.START if row.instance.state == Instance.State.RUNNING else None
+        return {Notebook.State.READY: Phase.WATCH, Notebook.State.STOPPING: Phase.STOP}.get(row.state)
+
+    def due(self, lost_before: datetime) -> Iterable[int]:
+        rows = Notebook.objects.filter(
+            Q(state__in=[Notebook.State.READY, Notebook.State.STOPPING])
+            | Q(state__in=self.start_states, instance__state=Instance.State.RUNNING)
+        )
+        return rows.values_list("pk", flat=True)
+
+    def start_timeout_s(self) -> float:
+        return float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S)
+
+    def claim_timeout_s(self) -> float:
+        """A notebook's start or environment build may hold its claim this long."""
+        return self.start_timeout_s() + 600
+
+    def spec(self, notebook: Notebook) -> NotebookSpec:
+        instance = notebook.instance
+        return NotebookSpec(
+            key=self.key(notebook.pk),
+            workspace=notebook.workspace.name,
+            name=notebook.name,
+            work_dir=instance_dir(instance),
+            base_url="/",  # the root of its own host
+            token=notebook.access_token,
+            python_packages=list(notebook.profile.python_packages),
+            image=notebook.profile.image,
+            devices=_devices(instance),
+            cpu_cores=float(instance.cpu_cores),
+            memory_gb=float(instance.memory_gb),
+            instance_state=dict(instance.backend_state or {}),
+            auth_url=notebook_auth_url(notebook),
+            run_as=run_as_for(notebook.workspace, instance.cluster),
+            portal_env=workload_env(notebook),
+        )
+
+    def prepare_start(self, row: Notebook, backend: Backend) -> bool:
+        with transaction.atomic():
+            actions.record_notebook_starting(Notebook.objects.select_for_update().get(pk=row.pk))
+        if settings.PORTAL_WORKLOAD_TRIGGER == "task" and _environment_to_build(backend, row):
+            request_environment_build(row.pk)  # which asks for the start again once built
+            return False
+        return True
+
+    def connect(self, row: Notebook, endpoint: Endpoint) -> None:
+        if not proxy.configured():
+            raise BackendError("no notebook proxy is configured (PORTAL_PROXY_API_URL)", permanent=True)
+        row.proxy_target = endpoint.url or f"http://{endpoint.host}:{endpoint.port}"
+        proxy.add_route(row.host, row.proxy_target, row.pk)
+
+    def disconnect(self, row: Notebook) -> None:
+        try:
+            proxy.remove_route(proxy.host_route(row.host))
+        except proxy.ProxyError:
+            logger.warning("could not remove the route of notebook %s; reconcile will", row.pk, exc_info=True)
+
+    def record_start(self, row: Notebook, endpoint: Endpoint, *, restarted: bool) -> None:
+        actions.record_notebook_ready(row, target=endpoint.url or f"http://{endpoint.host}:{endpoint.port}")
+
+    def record_start_failure(self, row: Notebook, reason: str, *, timed_out: bool) -> None:
+        actions.record_notebook_end(row, Notebook.State.FAILED, reason)
+
+    def mark_restarting(self, row: Notebook) -> None:
+        row.state = Notebook.State.STARTING
+
+    def before_stop(self, row: Notebook) -> None:
+        self.disconnect(row)
+
+    def record_stop(self, row: Notebook, backend: Backend | None) -> None:
+        actions.record_notebook_end(row, Notebook.State.STOPPED)
+
+    def record_host_stop(self, row: Notebook) -> None:
+        row.save()  # still READY: the next reconcile starts it again
+
+    def upkeep(self) -> dict[str, int]:
+        """The notebook proxy's routes follow the ready notebooks (see ``sync_routes``)."""
+        try:
+            removed, added = sync_routes()
+        except proxy.ProxyError:
+            logger.warning("could not read the notebook proxy's routes", exc_info=True)
+            return {}
+        return {"routes_removed": removed, "routes_added": added}
+
+
+INSTANCES = InstanceKind()
+NOTEBOOKS = NotebookKind()
+
+
+def _environment(backend: Backend, notebook: Notebook) -> tuple[list[str], Path, str] | None:
+    """The packages, root and Python of the environment the backend builds for the notebook where
+    the worker runs (local and Slurm: under their ``env_root``); None where the image has it."""
+    root = getattr(backend, "env_root", "")
+    if not root:
+        return None
+    return list(notebook.profile.python_packages), Path(root), getattr(backend, "python", sys.executable)
+
+
+def _environment_to_build(backend: Backend, notebook: Notebook) -> bool:
+    environment = _environment(backend, notebook)
+    try:
+        return environment is not None and not env_is_built(*environment)
+    except PolicyRefusal:
+        return False  # the start refuses it, with the reason
+
+
+def build_notebook_environment(notebook_id: int) -> Notebook | None:
+    """Build the environment a starting notebook needs, claiming the notebook meanwhile (so its
+    start is not asked again), then ask for its start, which finds the environment built."""
+    held = claims.claim(Notebook, notebook_id, NOTEBOOKS.start_states, NOTEBOOKS.claim_timeout_s())
+    if held is None:
+        return Notebook.objects.filter(pk=notebook_id).first()
+    notebook = Notebook.objects.select_related("profile", "instance__cluster").get(pk=notebook_id)
+    try:
+        environment = _environment(backend_for(notebook.instance.cluster), notebook)
+        if environment is not None:
+            ensure_env(*environment)
+    except (PolicyRefusal, BackendError) as exc:
+        if isinstance(exc, BackendError) and not exc.permanent:
+            claims.release(Notebook, notebook_id, held.token)
+            raise
+        with transaction.atomic():
+            notebook = Notebook.objects.select_for_update().select_related("workspace").get(pk=notebook_id)
+            if claims.holds(notebook, held.token):
+                actions.record_notebook_end(notebook, Notebook.State.FAILED, str(exc))
+        return notebook
+    claims.release(Notebook, notebook_id, held.token)
+    request_workload("notebook", notebook_id)
+    return notebook
+
+
+def sync_routes() -> tuple[int, int]:
+    """Remove the proxy's routes of notebooks that are not ready (a crash between a stop and its
+    record), and route ready notebooks the proxy lost (a proxy restart). Returns (removed, added)."""
+    if not proxy.configured():
+        return 0, 0
+    ready = {
+        proxy.host_route(notebook.host): notebook
+        for notebook in Notebook.objects.filter(state=Notebook.State.READY).only("pk", "name", "proxy_target")
+    }
+    table = proxy.routes()
+    removed = added = 0
+    for route, entry in table.items():
+        if "portal_notebook" not in entry:
+            continue  # not one of ours
+        notebook = ready.get(route.rstrip("/"))
+        if notebook is None or entry["portal_notebook"] != notebook.pk:
+            proxy.remove_route(route)
+            removed += 1
+    for route, notebook in ready.items():
+        if route not in table and notebook.proxy_target:
+            proxy.add_route(notebook.host, notebook.proxy_target, notebook.pk)
+            added += 1
+    return removed, added
+
+
+def register() -> None:
+    host.register(INSTANCES)
+    host.register(NOTEBOOKS)

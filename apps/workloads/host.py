@@ -1,0 +1,411 @@
+"""The workload host: converges every kind of workload with its cluster's backend.
+
+Jobs, instances and notebooks are kinds of workload (``Kind``; apps/jobs/hosting.py and
+apps/compute/hosting.py), registered when their app is ready. The host owns what every kind
+shares, written once:
+
+- **converge**: what a workload's state asks of its backend, by phase: *start* it, *watch* it
+  (record an exit, restart it in place where its kind does), or *stop* it;
+- **starts** under a claim, never a row lock (apps/workloads/claims.py), within the kind's
+  timeout, adopting what a lost start made (``Backend.adopt``); a failed start is stopped, then
+  cleared; a transient failure is raised for the task to retry;
+- **one reconcile loop** over every kind, with per-object backoff, which sends starts to the
+  worker and converges the rest here;
+- **one orphan sweep** through the backend contract (``Backend.sweep_orphans``);
+- **the backend of a row**, built in one place (``backend_of``), also for reading logs.
+
+A kind says only what is its own: its states, its spec, and the actions that record what
+happened (apps/jobs/actions.py, apps/compute/actions.py): the host calls them inside its short
+transaction, on the row it locked, and they write the state, the audit event and the live update.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+
+from apps.scheduling.backoff import RECONCILE
+from apps.scheduling.trigger import request_workload
+from apps.workloads import claims
+from workers.backends.base import Backend, BackendError, Endpoint, Keep, PolicyRefusal, Progress, Spec, Status
+from workers.backends.registry import backend_for
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+SWEEP_EVERY_S = 30.0
+
+
+class Phase(StrEnum):
+    START = "start"
+    WATCH = "watch"
+    STOP = "stop"
+
+
+class Kind:
+    """One kind of workload as the host sees it. Subclasses set the class attributes and the
+    methods without a default; the hooks with one are for kinds that need them."""
+
+    name: ClassVar[str]  # "job": also the prefix of its backend key and its tasks' argument
+    model: ClassVar[type[Any]]
+    cluster_field: ClassVar[str] = "cluster"  # the lookup from a row to its Cluster
+    start_states: ClassVar[tuple[str, ...]]  # what a start may claim
+    live_states: ClassVar[tuple[str, ...]]  # whose recorded backend state the orphan sweep keeps
+    restarts_in_place: ClassVar[bool] = False  # dead processes are started again, up to a limit
+    keeps_state_after_stop: ClassVar[bool] = False  # its logs stay readable once it stopped
+    start_errors: ClassVar[tuple[type[Exception], ...]] = ()  # what `connect` may raise
+
+    # -- reading
+    def load(self, pk: int) -> Any | None:
+        return self.model.objects.select_related("workspace", self.cluster_field).filter(pk=pk).first()
+
+    def cluster(self, row: Any) -> Any:
+        owner = row
+        for part in self.cluster_field.split("__"):
+            owner = getattr(owner, part)
+        return owner
+
+    def phase(self, row: Any) -> Phase | None:
+        raise NotImplementedError
+
+    def due(self, lost_before: datetime) -> Iterable[int]:
+        """The ids reconcile converges: those that run, stop, or wait for a start since before
+        `lost_before` (a start asked for earlier is under way, or was lost)."""
+        raise NotImplementedError
+
+    def spec(self, row: Any) -> Spec:
+        raise NotImplementedError
+
+    def key(self, pk: int) -> str:
+        return f"{self.name}-{pk}"
+
+    def start_timeout_s(self) -> float:
+        raise NotImplementedError
+
+    def claim_timeout_s(self) -> float:
+        """How long a start may hold its claim before another may take it over."""
+        return self.start_timeout_s()
+
+    def grace_s(self, row: Any) -> float:
+        return STOP_GRACE_S
+
+    # -- hooks around a start
+    def prepare_start(self, row: Any, backend: Backend) -> bool:
+        """Before the backend starts it (the claim held): False to give the claim back and not
+        start now (a notebook's environment is built first, by a task of its own)."""
+        return True
+
+    def connect(self, row: Any, endpoint: Endpoint) -> None:
+        """After the backend started it: make it reachable (a notebook's proxy route)."""
+
+    def disconnect(self, row: Any) -> None:
+        """Undo `connect` (a start that is not recorded, a stop)."""
+
+    # -- the actions that record what happened (on the locked row, inside the host's transaction)
+    def record_start(self, row: Any, endpoint: Endpoint, *, restarted: bool) -> None:
+        raise NotImplementedError
+
+    def record_start_failure(self, row: Any, reason: str, *, timed_out: bool) -> None:
+        raise NotImplementedError
+
+    def record_progress(self, row: Any, progress: Progress | None) -> None:
+        """It still runs (jobs record how far they are)."""
+
+    def record_exit(self, row: Any, backend: Backend, status: Status, progress: Progress | None) -> None:
+        """It ended by itself, for good (a kind that does not restart in place)."""
+        raise NotImplementedError
+
+    def mark_restarting(self, row: Any) -> None:
+        """Its processes died and it is about to be started again in place."""
+
+    def before_stop(self, row: Any) -> None:
+        """Before its backend stops it (an instance stops its notebooks first)."""
+
+    def record_stop(self, row: Any, backend: Backend | None) -> None:
+        raise NotImplementedError
+
+    def record_host_stop(self, row: Any) -> None:
+        """The embedded portal stopped with it running on this machine (backend_state cleared)."""
+        raise NotImplementedError
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> None:
+    """Called by each kind's app when it is ready (AppConfig.ready)."""
+    KINDS[kind.name] = kind
+
+
+def kind_of(name: str) -> Kind:
+    return KINDS[name]
+
+
+def backend_of(kind: Kind, row: Any) -> Backend:
+    """The backend that holds the workload: its cluster's, with what it recorded of it."""
+    return backend_for(kind.cluster(row), row.backend_state or {})
+
+
+def logs(kind_name: str, row: Any, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
+    """A workload's log from `offset` on, while it runs and after it ended."""
+    if row.backend_state is None:
+        return b"", offset
+    return backend_of(KINDS[kind_name], row).logs(replica, offset)
+
+
+def _locked(kind: Kind, pk: int) -> Any:
+    return kind.model.objects.select_for_update(of=("self",)).select_related("workspace").get(pk=pk)
+
+
+# -- converge ---------------------------------------------------------------------------------------
+
+
+def converge(kind_name: str, pk: int) -> Any | None:
+    """Do what the workload's state asks of its backend. Safe to call twice, or concurrently."""
+    kind = KINDS[kind_name]
+    row = kind.load(pk)
+    if row is None:
+        return None
+    phase = kind.phase(row)
+    if phase is Phase.START:
+        return start(kind, pk)
+    if phase is Phase.WATCH:
+        return _watch(kind, pk)
+    if phase is Phase.STOP:
+        return stop(kind, pk)
+    return row
+
+
+def start(kind: Kind, pk: int, *, states: tuple[str, ...] | None = None) -> Any | None:
+    """Start the workload on its backend under a claim (apps/workloads/claims.py).
+
+    A refusal or a permanent error is stopped, cleared and recorded as the kind's start failure,
+    as is a start that overran the kind's timeout (``timed_out``: a job goes back in line, an
+    instance fails); a transient error is stopped, cleared and raised for the task to retry.
+    """
+    states = states or kind.start_states
+    held = claims.claim(kind.model, pk, states, kind.claim_timeout_s())
+    if held is None:
+        return kind.model.objects.filter(pk=pk).first()  # not to start, or being started
+    row = kind.load(pk)
+    backend = backend_for(kind.cluster(row))
+    if not kind.prepare_start(row, backend):
+        claims.release(kind.model, pk, held.token)
+        return row
+    spec = kind.spec(row)
+    try:
+        endpoint = (held.took_over and backend.adopt(spec)) or claims.start_within(
+            backend, spec, kind.start_timeout_s()
+        )
+        kind.connect(row, endpoint)
+    except (PolicyRefusal, BackendError, claims.StartTimedOut, *kind.start_errors) as exc:
+        claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)
+        timed_out = isinstance(exc, claims.StartTimedOut)
+        if not timed_out and not isinstance(exc, PolicyRefusal) and not getattr(exc, "permanent", False):
+            claims.release(kind.model, pk, held.token)
+            raise
+        reason = str(exc) if isinstance(exc, PolicyRefusal | claims.StartTimedOut) else f"could not start: {exc}"
+        with transaction.atomic():
+            row = _locked(kind, pk)
+            if claims.holds(row, held.token) and row.state in states:
+                row.start_claim = None
+                kind.record_start_failure(row, reason, timed_out=timed_out)
+        return row
+    with transaction.atomic():
+        row = _locked(kind, pk)
+        if not claims.holds(row, held.token) or row.state not in states:
+            # cancelled, deleted or taken over while it started: what started is stopped
+            claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)
+            if kind.phase(row) is not Phase.WATCH:  # another start of it may have connected it
+                kind.disconnect(row)
+            return row
+        restarted = states != kind.start_states  # started again in place
+        row.start_claim = None
+        row.backend_state = backend.get_state()
+        row.backend_stopped = False
+        kind.record_start(row, endpoint, restarted=restarted)
+    return row
+
+
+def _watch(kind: Kind, pk: int) -> Any | None:
+    """Ask the backend how the workload does, with no row locked; record an exit (or, for a kind
+    that restarts in place, start it again) if the row is still as it was."""
+    row = kind.load(pk)
+    state = row.backend_state
+    backend: Backend | None = None
+    if state is not None:
+        backend = backend_of(kind, row)
+        status = backend.poll()
+        progress = backend.progress() if status.running or not kind.restarts_in_place else None
+    if kind.restarts_in_place:
+        if backend is not None and status.running:
+            return row
+        return _restart(kind, pk, state)
+    if backend is None:
+        return row
+    with transaction.atomic():
+        row = _locked(kind, pk)
+        if kind.phase(row) is not Phase.WATCH or row.backend_state != state:
+            return row  # changed meanwhile: the next converge looks again
+        if status.running:
+            kind.record_progress(row, progress)
+            return row
+        row.backend_stopped = True
+        row.backend_state = backend.get_state()
+        kind.record_exit(row, backend, status, progress)
+    return row
+
+
+def _restart(kind: Kind, pk: int, state: dict[str, Any] | None) -> Any | None:
+    """Its processes died (or stopped with the embedded portal, when `state` is None): start it
+    again in place; after ``PORTAL_RESTART_LIMIT`` deaths it fails."""
+    with transaction.atomic():
+        row = _locked(kind, pk)
+        if kind.phase(row) is not Phase.WATCH or row.backend_state != state:
+            return row
+        restarts = row.restarts + (1 if state is not None else 0)
+        if restarts > settings.PORTAL_RESTART_LIMIT:
+            kind.disconnect(row)
+            row.backend_state = None
+            kind.record_start_failure(row, f"its processes ended {restarts} times", timed_out=False)
+            return row
+        row.backend_state = None
+        row.restarts = restarts
+        kind.mark_restarting(row)
+        row.save()
+    return start(kind, pk, states=(row.state,))
+
+
+def stop(kind: Kind, pk: int) -> Any:
+    """Stop the workload on its backend with no row locked (a stop may wait out a grace period),
+    then record it stopped. One started again meanwhile is stopped too."""
+    for _ in range(3):
+        row = kind.load(pk)
+        if row is None or kind.phase(row) is not Phase.STOP:
+            return row
+        kind.before_stop(row)
+        state = row.backend_state
+        backend = None
+        if state is not None and not row.backend_stopped:
+            backend = backend_of(kind, row)
+            backend.stop(kind.grace_s(row))  # raises if something survived: reconcile tries again
+            if not kind.keeps_state_after_stop:
+                backend.clear_state()
+        with transaction.atomic():
+            row = _locked(kind, pk)
+            if kind.phase(row) is not Phase.STOP:
+                return row
+            if row.backend_state not in (None, state):
+                continue  # started again while it was being stopped
+            row.start_claim = None
+            if backend is not None:
+                row.backend_state = backend.get_state() if kind.keeps_state_after_stop else None
+                row.backend_stopped = kind.keeps_state_after_stop
+            kind.record_stop(row, backend)
+            return row
+    raise BackendError(f"{kind.key(pk)} was started again while it was being stopped")
+
+
+# -- reconcile --------------------------------------------------------------------------------------
+
+
+def reconcile(*, sweep: bool = True) -> dict[str, int]:
+    """Converge every workload a backend may hold, or that waits for a lost start, of every kind;
+    then the kinds' own upkeep and, if `sweep`, the orphan sweep. One workload that fails is logged
+    and retried with backoff, so that it never wedges the loop."""
+    counts = {"converged": 0, "sent": 0, "failed": 0, "orphans_stopped": 0}
+    lost = timezone.now() - timedelta(seconds=settings.PORTAL_START_LOST_AFTER_S)
+    for kind in KINDS.values():
+        for pk in list(kind.due(lost)):
+            if not RECONCILE.due(kind.name, pk):
+                continue
+            try:
+                counts["sent" if _converge_or_send(kind, pk) else "converged"] += 1
+                RECONCILE.succeeded(kind.name, pk)
+            except Exception:  # per object, with backoff
+                counts["failed"] += 1
+                delay = RECONCILE.failed(kind.name, pk)
+                logger.exception("reconcile of %s failed; retrying in %.0f s", kind.key(pk), delay)
+        upkeep = getattr(kind, "upkeep", None)
+        if upkeep is not None:
+            counts.update(upkeep())
+    if sweep:  # reads /proc and squeue: the scheduler loop asks for it every SWEEP_EVERY_S
+        counts["orphans_stopped"] = sweep_orphans()
+    return counts
+
+
+def _converge_or_send(kind: Kind, pk: int) -> bool:
+    """Starts can be slow (a Slurm batch job to run, an environment to build): with a worker they
+    go to it, unless one is under way; watching and stopping are done here. True if sent."""
+    row = kind.load(pk)
+    if row is None:
+        return False
+    if kind.phase(row) is Phase.START and settings.PORTAL_WORKLOAD_TRIGGER == "task":
+        if not claims.claim_live(row.start_claim, kind.claim_timeout_s()):
+            request_workload(kind.name, pk)
+        return True
+    converge(kind.name, pk)
+    return False
+
+
+def sweep_orphans() -> int:
+    """Stop what a worker killed between starting a workload and recording it left behind, on every
+    cluster that is enabled or holds a live workload: its backend's ``sweep_orphans()`` keeps what
+    live workloads recorded and every workload waiting to start (a lost start of it is adopted).
+    Returns how many were stopped."""
+    from apps.inventory.models import Cluster
+
+    recorded: dict[int, list[dict[str, Any]]] = {}
+    starting: set[str] = set()
+    for kind in KINDS.values():
+        rows = kind.model.objects.filter(state__in=kind.live_states)
+        for pk, state, run, cluster_id in rows.values_list("pk", "state", "backend_state", kind.cluster_field):
+            if run is not None and cluster_id is not None:
+                recorded.setdefault(cluster_id, []).append(run)
+            if state in kind.start_states:
+                starting.add(kind.key(pk))
+    clusters = list(Cluster.objects.filter(models.Q(enabled=True) | models.Q(pk__in=recorded)).order_by("pk"))
+    # Clusters of one kind may see each other's workloads (this machine's processes, the jobs one
+    # Slurm controller lists): each keeps what any of them recorded.
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for cluster in clusters:
+        by_kind.setdefault(cluster.kind, []).extend(recorded.get(cluster.pk, []))
+    stopped = 0
+    for cluster in clusters:
+        keep = Keep(tuple(by_kind[cluster.kind]), frozenset(starting))
+        try:
+            stopped += len(backend_for(cluster).sweep_orphans(str(settings.PORTAL_WORK_DIR), keep))
+        except BackendError:
+            logger.warning("could not look for orphaned workloads on cluster %s", cluster.name, exc_info=True)
+    return stopped
+
+
+def stop_on_this_machine() -> int:
+    """Stop every workload that runs on this machine (the embedded portal's shutdown: it leaves no
+    process behind); each kind records it (jobs go back in line, instances and notebooks start
+    again at the next start). Returns how many were stopped."""
+    stopped = 0
+    for kind in KINDS.values():
+        rows = kind.model.objects.filter(
+            **{f"{kind.cluster_field}__kind": "local", "backend_state__isnull": False, "backend_stopped": False}
+        )
+        for pk in rows.values_list("pk", flat=True):
+            row = kind.load(pk)
+            try:
+                backend_of(kind, row).stop(STOP_GRACE_S)
+            except BackendError:
+                logger.warning("stopping %s left something running", kind.key(pk), exc_info=True)
+            with transaction.atomic():
+                row = _locked(kind, pk)
+                row.backend_state = None
+                row.start_claim = None
+                kind.record_host_stop(row)
+            stopped += 1
+    return stopped
