@@ -603,8 +603,11 @@ class LocalBackend(FileOutputs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group
                 stopped.append(key)
-                # Its first argument is its replica's exit file, in the start's run directory.
-                _drop_record(Path(os.fsdecode(cmdline[4])).parent, pid=int(entry))
+                # Its first argument is its replica's exit file, in the start's run directory (only
+                # one under ours is read: a workload may forge a command line, not a file in there).
+                run_dir = Path(os.fsdecode(cmdline[4])).parent
+                if run_dir.parent == Path(self.run_dir):
+                    _drop_record(run_dir, pid=int(entry))
         return stopped
 
     # -- cgroups -------------------------------------------------------------------------------
