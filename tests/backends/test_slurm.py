@@ -215,3 +215,103 @@ def test_parse_exit() -> None:
     assert parse_exit("TIMEOUT", "0:15").exit_code == 124
     assert parse_exit("CANCELLED by 0", "0:15").message.startswith("cancelled")
     assert parse_exit("NODE_FAIL", "0:0").exit_code == 255
+
+
+# -- adopt(): a start whose worker died before recording it -------------------------------------
+
+
+def test_adopt_takes_over_a_running_job_then_logs_and_stop_act_on_it(
+    tmp_path: Path, make: Callable[[], SlurmBackend]
+) -> None:
+    job = spec(tmp_path, "adopt-running", "echo started; sleep 60")
+    lost = make()
+    lost.start(job)  # its worker dies now: the state is never saved
+    job_id = lost.get_state()["job_id"]
+
+    adopter = make()
+    endpoint = adopter.adopt(job)
+
+    assert endpoint == lost.start(job)  # the same job, reached at the same place
+    assert adopter.get_state()["job_id"] == job_id and adopter.get_state()["nodes"]
+    assert adopter.poll().running
+    deadline = time.monotonic() + DEADLINE_S
+    while b"started" not in adopter.logs(0)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert adopter.logs(0)[0] == b"started\n"
+    adopter.stop(grace_s=1)
+    assert squeue_lists(job_id) == ""
+    status = wait_exit(adopter)
+    assert status.message == "stopped on request"
+
+
+def test_adopt_of_a_job_that_ended_polls_its_exit_code(tmp_path: Path, make: Callable[[], SlurmBackend]) -> None:
+    job = spec(tmp_path, "adopt-ended", "echo PROGRESS 0.5; exit 7")
+    lost = make()
+    lost.start(job)
+    wait_exit(lost)  # it ended after its worker died: nobody recorded anything
+
+    adopter = make()
+    assert adopter.adopt(job) is not None
+
+    assert adopter.get_state()["job_id"] == lost.get_state()["job_id"]
+    assert wait_exit(adopter).exit_code == 7
+    progress = adopter.progress()
+    assert progress is not None and progress.fraction == 0.5
+    assert make().adopt(job) is not None  # until the portal records it, any takeover finds it
+
+
+def test_adopt_finds_only_the_job_of_its_key_in_its_directory(tmp_path: Path, make: Callable[[], SlurmBackend]) -> None:
+    lost = make()
+    lost.start(spec(tmp_path / "here", "adopt-key", "sleep 60"))
+
+    assert make().adopt(spec(tmp_path / "here", "adopt-other-key", "sleep 60")) is None
+    assert make().adopt(spec(tmp_path / "elsewhere", "adopt-key", "sleep 60")) is None  # another portal's
+    assert squeue_lists(lost.get_state()["job_id"]) == "RUNNING"  # left alone
+    assert make().adopt(spec(tmp_path / "here", "adopt-key", "sleep 60")) is not None
+
+
+def test_adopt_takes_over_a_gang_as_a_whole(tmp_path: Path, make: Callable[[], SlurmBackend]) -> None:
+    job = spec(tmp_path, "adopt-gang", 'echo "rank $RANK"; sleep 60', replicas=2)
+    lost = make()
+    lost.start(job)
+
+    adopter = make()
+    assert adopter.adopt(job) is not None
+
+    assert adopter.get_state()["nodes"] == lost.get_state()["nodes"] and len(adopter.get_state()["nodes"]) == 2
+    deadline = time.monotonic() + DEADLINE_S
+    while b"rank 1" not in adopter.logs(1)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert adopter.logs(0)[0] == b"rank 0\n" and adopter.logs(1)[0] == b"rank 1\n"
+    adopter.stop(grace_s=1)
+    assert squeue_lists(lost.get_state()["job_id"]) == ""
+
+
+def test_adopt_cancels_a_job_of_another_shape(tmp_path: Path, make: Callable[[], SlurmBackend]) -> None:
+    lost = make()
+    lost.start(spec(tmp_path, "adopt-shape", "sleep 60", replicas=2))
+
+    assert make().adopt(spec(tmp_path, "adopt-shape", "sleep 60")) is None  # one replica: not this job
+    assert squeue_lists(lost.get_state()["job_id"]) == ""  # the start that follows runs alone
+
+
+def test_adopt_skips_a_recorded_start_and_one_the_portal_cancelled(
+    tmp_path: Path, make: Callable[[], SlurmBackend]
+) -> None:
+    recorded = spec(tmp_path, "adopt-recorded", "exit 3")
+    first = make()
+    first.start(recorded)
+    wait_exit(first)
+    assert make().adopt(recorded) is not None  # not recorded yet
+    make().load_state(first.get_state())  # the portal reattaches: the start was recorded
+    assert make().adopt(recorded) is None
+
+    swept = spec(tmp_path, "adopt-swept", "sleep 60")
+    orphan = SlurmBackend(start_timeout_s=15, owner=str(tmp_path))  # an owner of its own: only it is swept
+    orphan.start(swept)
+    job_id = orphan.get_state()["job_id"]
+    assert SlurmBackend(owner=str(tmp_path)).sweep_orphans(str(tmp_path)) == [job_id]
+    deadline = time.monotonic() + DEADLINE_S  # scancel returns at once; a takeover comes much later
+    while squeue_lists(job_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert make().adopt(swept) is None

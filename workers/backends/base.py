@@ -224,7 +224,8 @@ class Backend(ABC):
     (only of ``BackendError`` with ``permanent=False``, with backoff), cleanup on failure (if
     ``start()`` raises, the caller calls ``stop()`` and then ``clear_state()``), persisting the
     state blob, and reconciling: a periodic task polls every running workload and converges the
-    row to what ``poll()`` says, and asks each cluster's backend to ``sweep_orphans()``.
+    row to what ``poll()`` says, and asks each cluster's backend to ``sweep_orphans()``. A start
+    whose worker died is taken over with ``adopt()`` before it is started again (see there).
 
     **Errors.** ``PolicyRefusal``: the user asked for something not allowed; the message is shown
     to them, nothing is retried. ``BackendError(message, permanent=...)``: the backend failed;
@@ -234,10 +235,10 @@ class Backend(ABC):
     always; ``start_job``, ``start_instance`` and ``start_notebook`` for the kinds of workload the
     backend runs (``start()`` dispatches to them); the others where their default does not fit:
     ``artifacts()`` (none), ``kubeconfig()`` (none), ``discover()`` and ``nodes()`` (no inventory),
-    ``sweep_orphans()`` (nothing to sweep). Hooks must be idempotent where the caller may repeat
-    them: ``stop()`` on a stopped workload and ``poll()`` after the exit are harmless and return the
-    same answer. Helpers a backend shares with another live here or in a module of their own
-    (``files``, ``processes``); no backend imports another.
+    ``sweep_orphans()`` (nothing to sweep), ``adopt()`` (finds nothing). Hooks must be idempotent
+    where the caller may repeat them: ``stop()`` on a stopped workload and ``poll()`` after the exit
+    are harmless and return the same answer. Helpers a backend shares with another live here or in
+    a module of their own (``files``, ``processes``); no backend imports another.
     """
 
     #: The name the backend is chosen by in settings.
@@ -260,6 +261,26 @@ class Backend(ABC):
         if isinstance(spec, NotebookSpec):
             return self.start_notebook(spec)
         return self.start_job(spec)
+
+    def adopt(self, spec: Spec) -> Endpoint | None:
+        """Take over a start of ``spec`` that a worker made and never recorded, instead of starting it again.
+
+        The caller calls it on a backend with no state, before ``start()``, when it takes over the
+        stale claim of a start that died: the worker may have died after the workload was started
+        but before ``get_state()`` was saved. Find a workload this backend started earlier under
+        ``spec.key`` whose start was never recorded; if one exists, running or already ended (its
+        exit code kept), take it over: from then on ``get_state()``, ``poll()``, ``logs()``,
+        ``progress()``, ``artifacts()`` and ``stop()`` act on it exactly as if this backend had
+        started it, and its endpoint is returned (once it can be reached, as ``start()`` would).
+        Otherwise return ``None`` and change nothing: the caller then calls ``start()``.
+
+        A start that was recorded (its state came back through ``load_state()``), given up
+        (``clear_state()``) or swept as an orphan is never taken over; neither is one that does not
+        match the spec as a whole (a gang with only some of its replicas, other devices): what of
+        it still runs is stopped, and ``None`` returned, so that the start that follows runs alone.
+        Raises as ``start()`` does. Default: ``None``, this backend cannot find its workloads by key.
+        """
+        return None
 
     def start_job(self, spec: JobSpec) -> Endpoint:
         """Start a job's ``replicas`` as a gang; return its rendezvous address (``MASTER_ADDR``,
@@ -347,12 +368,6 @@ class Backend(ABC):
         """A kubeconfig (YAML) for the workload's users, where it has one (a Kubernetes namespace
         instance). ``BackendError`` (transient) while it is being issued. Default: ``None``, this
         backend has none."""
-        return None
-
-    def adopt(self, spec: Spec) -> Endpoint | None:
-        """Take over a workload started earlier under ``spec.key`` whose start was never recorded
-        (its worker died): afterwards this backend acts on it as if it had started it. ``None``
-        where there is none. Default: ``None``, this backend cannot find its workloads by key."""
         return None
 
     # -- the cluster ---------------------------------------------------------------------------

@@ -158,6 +158,12 @@ class KubernetesBackend(Backend):
     ready; ``stop_timeout_s`` the wait for deleted objects to be gone. ``poll_interval_s`` paces both.
     A job has no artifacts here (the contract's default): its files live in its pods' volumes, which the
     portal does not read.
+
+    ``adopt()`` keeps the contract's default (``None``): the objects are labelled with their workspace,
+    instance, component and name, not with the workload's key, and nothing tells the objects of a start
+    that was never recorded from those of an earlier attempt that was. A repeated ``start()`` finds a
+    running workload by its objects' names and converges on it; a Job under the name that has ended, be
+    it of an earlier attempt or of the start that was lost, is deleted and run again.
     """
 
     name = "kubernetes"

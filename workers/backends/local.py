@@ -11,7 +11,9 @@ for ours.
 
 The wrapper's files (each replica's log and exit status) live in the portal's own run directory,
 which no sandbox can see: a workload can neither forge its status nor swap its log for a link
-that the portal, reading it, would follow.
+that the portal, reading it, would follow. So does each start's state (``start.json``) until the
+portal has recorded it: a worker that dies before saving ``get_state()`` leaves it there for
+``adopt()``.
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ from workers.backends.base import (
     JobSpec,
     Keep,
     NotebookSpec,
+    Spec,
     Status,
     validate_spec,
 )
 from workers.backends.files import FileOutputs, dirs_between, prepare_dir, read_log
-from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
+from workers.backends.processes import (
+    IDENTITY_MODULES,
+    instance_job,
+    kind_and_job,
+    notebook_job,
+    search_path,
+    wait_answering,
+)
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
 from workers.backends.sandbox import Sandbox, check_available
 
@@ -53,6 +63,9 @@ _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 SANDBOX_MODES = ("bwrap", "off")
+# In a start's run directory: its state, from before its first replica is spawned until the portal
+# has recorded it (or given it up, or swept its processes): what adopt() takes over.
+_START_RECORD = "start.json"
 
 # $1 exit-status file, $2 cgroup.procs to join ("" for none), then the argv to run (the sandbox,
 # or ``bash -c <command>`` where sandboxing is off). Catching TERM (rather than ignoring it) keeps
@@ -132,16 +145,32 @@ class LocalBackend(FileOutputs):
         return _copy_json(self._state)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Reattach to a job started by another backend object, maybe in a process that died."""
+        """Reattach to a job started by another backend object, maybe in a process that died.
+
+        A state that comes back was recorded: its start's record goes, and ``adopt()`` never takes
+        that start over (a later attempt under the same key starts afresh)."""
         if state and state.get("version") != STATE_VERSION:
             raise BackendError(f"unknown local backend state version {state.get('version')!r}", permanent=True)
         self._state = _copy_json(state)
         self._procs = {}
+        self._forget_record()
 
     def clear_state(self) -> None:
-        """Forget the job; its directory (logs, artifacts) stays on disk."""
+        """Forget the job, and its start's record (``adopt()`` never takes it over); its directory
+        (logs, artifacts) stays on disk."""
+        self._forget_record()
         self._state = {}
         self._procs = {}
+
+    def _forget_record(self) -> None:
+        if self._state.get("run_dir"):
+            _drop_record(Path(self._state["run_dir"]), started_at=self._state.get("started_at"))
+
+    def _write_record(self) -> None:
+        path = Path(self._state["run_dir"]) / _START_RECORD
+        partial = path.with_name(f"{_START_RECORD}.tmp")
+        partial.write_text(json.dumps(self._state))
+        os.replace(partial, path)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -158,9 +187,12 @@ class LocalBackend(FileOutputs):
         """The SDK's environment for jobs and instances (built once), where environments are kept."""
         return ensure_sdk_env(Path(self.env_root)) if self.env_root else None
 
-    def _launch(self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = ()) -> Endpoint:
+    def _launch(
+        self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = (), kind: str = "job"
+    ) -> Endpoint:
         """Start the replicas of ``spec`` with ``environment``'s ``bin`` first on their PATH; it and
-        ``read_only`` are bound read-only into the sandbox: no workload writes into them."""
+        ``read_only`` are bound read-only into the sandbox: no workload writes into them. The state
+        is recorded in the run directory before the first replica and after each (``adopt()``)."""
         if self._state:
             if self._state.get("key") == spec.key and self._alive_ranks():
                 return self._endpoint()
@@ -183,6 +215,7 @@ class LocalBackend(FileOutputs):
         cgroup_procs, cgroup_state = self._prepare_cgroups(spec)
         self._state = {
             "version": STATE_VERSION,
+            "kind": kind,
             "key": spec.key,
             "job_dir": str(job_dir),
             "workspace_dir": str(workspace_dir),
@@ -196,8 +229,10 @@ class LocalBackend(FileOutputs):
             "replicas": [],
         }
         try:
+            self._write_record()
             for rank in range(spec.replicas):
                 self._spawn(spec, rank, port, cgroup_procs[rank] if cgroup_procs else "")
+                self._write_record()
         except OSError as exc:
             self._terminate(grace_s=0.0, reason=f"start failed: {exc}")
             raise BackendError(f"could not start replica: {exc}", permanent=False) from exc
@@ -206,9 +241,7 @@ class LocalBackend(FileOutputs):
     def start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is its directory and a process group holding its GPU slice (and its cgroup,
         where the kernel allows one): the directory outlives it, its notebooks run beside it."""
-        endpoint = self._launch(instance_job(spec), self._sdk_environment())
-        self._state["kind"] = "instance"
-        return endpoint
+        return self._launch(instance_job(spec), self._sdk_environment(), kind="instance")
 
     def start_notebook(self, spec: NotebookSpec) -> Endpoint:
         """A Jupyter server of the profile's environment on 127.0.0.1, under ``spec.base_url``,
@@ -219,11 +252,15 @@ class LocalBackend(FileOutputs):
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
         server = notebook_job(spec, env, ip="127.0.0.1")
-        endpoint = self._launch(server, env, read_only=(str(IDENTITY_MODULES),))
-        self._state["kind"] = "notebook"
+        self._launch(server, env, read_only=(str(IDENTITY_MODULES),), kind="notebook")
+        return self._notebook_answering(spec.base_url)
+
+    def _notebook_answering(self, base_url: str) -> Endpoint:
+        """The server's endpoint once it answers; stopped, and ``BackendError``, if it does not."""
+        port = int(self._state["port"])
         try:
             wait_answering(
-                f"http://127.0.0.1:{endpoint.port}{spec.base_url}api",
+                f"http://127.0.0.1:{port}{base_url}api",
                 alive=lambda: bool(self._alive_ranks()),
                 log_tail=lambda: _tail(self._state["replicas"][0]["log"]),
                 timeout_s=self.notebook_start_timeout_s,
@@ -232,7 +269,34 @@ class LocalBackend(FileOutputs):
             self._terminate(grace_s=self.teardown_grace_s, reason="the notebook server did not start")
             self._finish()
             raise
-        return Endpoint(endpoint.host, endpoint.port, url=f"http://127.0.0.1:{endpoint.port}")
+        return Endpoint("127.0.0.1", port, url=f"http://127.0.0.1:{port}")
+
+    def adopt(self, spec: Spec) -> Endpoint | None:
+        """Take over the last start under ``spec.key`` if the portal never recorded it: the state
+        that start left in its run directory (see ``_launch()``), running or ended (its replicas'
+        exit codes are in their status files). Only a start of every replica of the spec, on the
+        spec's devices, is taken over; another is stopped and ``None`` returned. A notebook server
+        that runs is waited for, as ``start()`` does."""
+        if self._state:
+            raise BackendError("this backend already holds a workload; clear_state() first", permanent=True)
+        kind, job = kind_and_job(spec)
+        validate_spec(job)
+        job_dir = Path(os.path.abspath(os.path.join(job.work_dir, job.key)))
+        record = _read_record(self._run_dir_path(job_dir))
+        expected = {"version": STATE_VERSION, "kind": kind, "key": job.key, "job_dir": str(job_dir)}
+        if record is None or any(record.get(name) != value for name, value in expected.items()):
+            return None
+        self._state = record
+        devices = [job.devices[rank] if job.devices else [] for rank in range(job.replicas)]
+        if [replica["devices"] for replica in record["replicas"]] != devices:
+            self.stop(self.teardown_grace_s)  # a gang started in part, or for another placement
+            self.clear_state()
+            return None
+        if isinstance(spec, NotebookSpec):
+            if self._alive_ranks():
+                return self._notebook_answering(spec.base_url)
+            return Endpoint("127.0.0.1", int(record["port"]), url=f"http://127.0.0.1:{record['port']}")
+        return self._endpoint()
 
     def _workspace_dir(self, spec: JobSpec) -> Path:
         """The directory a workload may write: its workspace's under the portal's work directory,
@@ -249,10 +313,13 @@ class LocalBackend(FileOutputs):
         root = Path(self.run_dir)
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o700)
-        digest = hashlib.sha256(str(job_dir).encode()).hexdigest()[:16]
-        path = root / f"{job_dir.name}-{digest}"
+        path = self._run_dir_path(job_dir)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
+
+    def _run_dir_path(self, job_dir: Path) -> Path:
+        digest = hashlib.sha256(str(job_dir).encode()).hexdigest()[:16]
+        return Path(self.run_dir) / f"{job_dir.name}-{digest}"
 
     def _command_argv(self, spec: JobSpec, command: str, devices: list[str], args_fd: int | None) -> list[str]:
         if self.sandbox == "off":
@@ -514,7 +581,8 @@ class LocalBackend(FileOutputs):
     def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
         """Kill the process groups started for ``owner`` (the portal's work directory) that no
         workload recorded. A group is kept when its leader is a replica of a kept state, or its
-        workload's key is a kept key. Returns the keys of the groups killed."""
+        workload's key is a kept key. The record of a start whose group is killed goes with it:
+        ``adopt()`` never takes it over. Returns the keys of the groups killed."""
         keep = keep or Keep()
         pids = {int(replica["pid"]) for state in keep.states for replica in state.get("replicas", [])}
         stopped = []
@@ -523,7 +591,7 @@ class LocalBackend(FileOutputs):
                 continue
             try:
                 cmdline = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-                if len(cmdline) < 4 or cmdline[3] != b"portal-job":
+                if len(cmdline) < 5 or cmdline[3] != b"portal-job":
                     continue
                 raw = Path("/proc", entry, "environ").read_bytes().split(b"\0")
                 environ = dict(item.split(b"=", 1) for item in raw if b"=" in item)
@@ -535,6 +603,11 @@ class LocalBackend(FileOutputs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(entry), signal.SIGKILL)  # the wrapper leads its own group
                 stopped.append(key)
+                # Its first argument is its replica's exit file, in the start's run directory (only
+                # one under ours is read: a workload may forge a command line, not a file in there).
+                run_dir = Path(os.fsdecode(cmdline[4])).parent
+                if run_dir.parent == Path(self.run_dir):
+                    _drop_record(run_dir, pid=int(entry))
         return stopped
 
     # -- cgroups -------------------------------------------------------------------------------
@@ -641,6 +714,27 @@ def _write(path: Path, value: str) -> None:
 def _rmdir_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.rmdir(path)
+
+
+def _read_record(run_dir: Path) -> dict[str, Any] | None:
+    """The state a start left in its run directory (``_START_RECORD``), if any."""
+    try:
+        record = json.loads((run_dir / _START_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("replicas"), list) else None
+
+
+def _drop_record(run_dir: Path, *, started_at: Any = None, pid: int | None = None) -> None:
+    """Remove the record of a start (the one begun at ``started_at``, or the one that spawned
+    ``pid``); the record of a later start in the same directory stays."""
+    record = _read_record(run_dir)
+    if record is None or (started_at is not None and record.get("started_at") != started_at):
+        return
+    if pid is not None and pid not in [replica.get("pid") for replica in record["replicas"]]:
+        return
+    with contextlib.suppress(OSError):
+        (run_dir / _START_RECORD).unlink()
 
 
 def _copy_json(value: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.backends.base import BackendError, InstanceSpec, JobSpec, NotebookSpec
+from workers.backends.base import BackendError, InstanceSpec, JobSpec, NotebookSpec, Spec
 from workers.backends.pyenv import landing_path
 
 # Where portal_identity.py lives: put on the server's PYTHONPATH.
@@ -84,6 +84,18 @@ def notebook_job(spec: NotebookSpec, env_dir: Path, *, ip: str) -> JobSpec:
         run_as=spec.run_as,
         portal_env=dict(spec.portal_env),
     )
+
+
+def kind_and_job(spec: Spec) -> tuple[str, JobSpec]:
+    """What a spec runs as, as far as finding it again goes (``adopt()``): its kind (``job``,
+    ``instance``, ``notebook``) and the job's key, work directory, replicas and devices. A notebook's
+    command is left out: it names the notebook's environment, which finding the server needs not."""
+    if isinstance(spec, InstanceSpec):
+        return "instance", instance_job(spec)
+    if isinstance(spec, NotebookSpec):
+        server = JobSpec(spec.key, spec.workspace, spec.name, "", spec.work_dir, devices=[spec.devices])
+        return "notebook", server
+    return "job", spec
 
 
 def search_path(environment: Path | None, path: str) -> str:

@@ -14,15 +14,23 @@ implies ``--get-user-env``; PATH and HOME are set explicitly by the script.)
 
 ``MASTER_ADDR`` is the first host of the allocation (a Slurm node name, as ``scontrol show
 hostnames`` prints it) and ``MASTER_PORT`` is derived from the job id (:func:`master_port`).
+
+A job is named after its workload's key and runs in its own directory, so that ``adopt()`` finds the
+job of a start that was never recorded in ``squeue`` and ``sacct``; once a start is recorded (its state
+comes back through ``load_state()``) or given up (``clear_state()``), its job id is written to
+``.portal/settled``, and a job the portal cancelled itself is ``CANCELLED by`` its uid: neither is
+ever adopted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -44,14 +52,26 @@ from workers.backends.base import (
     NotebookSpec,
     PolicyRefusal,
     RunAs,
+    Spec,
     Status,
     validate_spec,
 )
-from workers.backends.files import FileOutputs, check_reachable, dirs_between, prepare_dir, write_new_file
-from workers.backends.processes import IDENTITY_MODULES, instance_job, notebook_job, search_path, wait_answering
+from workers.backends.files import FileOutputs, check_reachable, dirs_between, open_inside, prepare_dir, write_new_file
+from workers.backends.processes import (
+    IDENTITY_MODULES,
+    instance_job,
+    kind_and_job,
+    notebook_job,
+    search_path,
+    wait_answering,
+)
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
 
 COMMAND_TIMEOUT_S = 20.0
+#: How far back ``adopt()`` asks sacct for a job of a start that was never recorded.
+ADOPT_WINDOW = "now-30days"
+#: In a job's ``.portal/``: the id of its job that the portal recorded or gave up (``adopt()`` skips it).
+SETTLED_FILE = "settled"
 # (Slurm account, user) associations known to exist, so that sacctmgr is asked once per process.
 _KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
 
@@ -285,14 +305,30 @@ class SlurmBackend(FileOutputs):
         return copied
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Reattach to a job by its Slurm job id."""
+        """Reattach to a job by its Slurm job id. A state that comes back was recorded: its job is
+        marked settled, and ``adopt()`` never takes it over (a later attempt starts afresh)."""
         if state and (state.get("version") != STATE_VERSION or not str(state.get("job_id", "")).isdigit()):
             raise BackendError(f"unreadable slurm backend state (version {state.get('version')!r})", permanent=True)
         self._state = json.loads(json.dumps(state))
+        self._settle()
 
     def clear_state(self) -> None:
-        """Forget the job; its directory (logs, artifacts) stays on disk."""
+        """Forget the job, marked settled (``adopt()`` never takes it over); its directory (logs,
+        artifacts) stays on disk."""
+        self._settle()
         self._state = {}
+
+    def _settle(self) -> None:
+        """Write the job's id to its ``.portal/settled``, once. Where the directory cannot be reached
+        (a web process on another host), the job is merely not marked: a start that takes a stale
+        claim over would find it only if no later job ran under the key."""
+        job_dir, job_id = self._state.get("job_dir"), str(self._state.get("job_id", ""))
+        if not job_dir or not job_id or _settled_id(Path(job_dir)) == job_id:
+            return
+        internal = Path(job_dir) / ".portal"
+        with contextlib.suppress(OSError, BackendError):
+            if stat.S_ISDIR(os.lstat(internal).st_mode):  # never through a link the workload planted
+                write_new_file(internal / SETTLED_FILE, job_id, None)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -310,7 +346,7 @@ class SlurmBackend(FileOutputs):
         nodes' Python. Where the nodes cannot reach it, its ``bin`` on PATH is merely skipped."""
         return ensure_sdk_env(Path(self.env_root), self.python) if self.env_root else None
 
-    def _launch(self, spec: JobSpec, environment: Path | None) -> Endpoint:
+    def _launch(self, spec: JobSpec, environment: Path | None, kind: str = "job") -> Endpoint:
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
@@ -367,22 +403,60 @@ class SlurmBackend(FileOutputs):
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch printed no job id: {out!r}", permanent=False)
-        self._state = {
-            "version": STATE_VERSION,
-            "job_id": job_id,
-            "key": spec.key,
-            "job_dir": str(job_dir),
-            "batch_log": str(internal / "batch.log"),
-            "logs": [str(internal / f"replica-{r}.log") for r in range(spec.replicas)],
-            "replicas": spec.replicas,
-            "artifact_paths": spec.artifact_paths or ["artifacts"],
-            "submitted_at": submitted_at,
-            "nodes": [],
-            "user": run_as.user if run_as else "",
-            "account": account,
-        }
+        self._state = _job_state(spec, job_id, kind, run_as, account, submitted_at)
         self._wait_running()
         return self._endpoint()
+
+    def adopt(self, spec: Spec) -> Endpoint | None:
+        """Take over the newest batch job named ``spec.key`` that ran in the spec's job directory, as
+        squeue (ended jobs too, for ``MinJobAge``) and sacct (over ``ADOPT_WINDOW``) list it, unless it
+        is settled or the portal cancelled it (see the module's docstring). A job of another node count
+        than the spec's replicas is cancelled and ``None`` returned. A pending job is waited for as
+        ``start()`` waits, and so is a notebook's server; an ended job polls its exit code from sacct."""
+        if self._state:
+            raise BackendError("this backend already holds a workload; clear_state() first", permanent=True)
+        kind, job = kind_and_job(spec)
+        validate_spec(job)
+        job_dir = Path(os.path.abspath(os.path.join(job.work_dir, job.key)))
+        found = self._jobs_in(job.key, job_dir)
+        if not found or max(found, key=int) == _settled_id(job_dir):
+            return None
+        job_id = max(found, key=int)
+        nodelist, node_count, submitted_at = found[job_id]
+        run_as = job.run_as if os.geteuid() == 0 else None
+        self._state = _job_state(job, job_id, kind, run_as, self._account_name(job.workspace, run_as), submitted_at)
+        if node_count != job.replicas:
+            self.stop(0.0)  # not this spec's job: the start that follows runs alone
+            self.clear_state()
+            return None
+        live = self._live_state() is not None
+        if not live and self._sacct_final()[0] == f"CANCELLED by {os.geteuid()}":
+            self._state = {}  # stopped by the portal (a failed start, the orphan sweep): not to be revived
+            return None
+        if live:
+            self._wait_running()
+        elif nodelist and not nodelist.startswith("None"):  # sacct's "None assigned": it never ran
+            self._state["nodes"] = self._hostnames(nodelist)
+        if isinstance(spec, NotebookSpec):
+            return self._notebook_answering(spec.base_url, wait=live)
+        return self._endpoint()
+
+    def _jobs_in(self, key: str, job_dir: Path) -> dict[str, tuple[str, int, float | None]]:
+        """The batch jobs named ``key`` that ran in ``job_dir``, by id: their node list, node count
+        and submit time, as sacct recorded them or, where it has not yet, as squeue lists them."""
+        fields = [
+            [self.squeue_path, "-h", "-t", "all", "-n", key, "-o", "%i|%Z|%T|%N|%D|%V"],
+            [self.sacct_path, "-a", "-X", "-n", "-P", f"--name={key}", "-S", ADOPT_WINDOW]
+            + ["-o", "JobID,WorkDir,State,NodeList,NNodes,Submit"],
+        ]
+        found: dict[str, tuple[str, int, float | None]] = {}
+        for argv in fields:  # sacct's word last: squeue lists no nodes once a job has ended
+            for line in self._run(argv).splitlines():
+                parts = line.strip().split("|")
+                if len(parts) == 6 and parts[0].isdigit() and parts[1] == str(job_dir):
+                    job_id, _, _, nodelist, count, submit = parts
+                    found[job_id] = (nodelist, int(count) if count.isdigit() else 0, _slurm_time(submit))
+        return found
 
     def _prepare_dirs(self, workspace: str, work_dir: Path, dirs: list[Path], run_as: RunAs | None) -> None:
         """The workspace's directories, handed to its account (0700): its jobs' files are its own,
@@ -395,13 +469,17 @@ class SlurmBackend(FileOutputs):
         for directory in [*dirs_between(top, work_dir), *dirs]:
             prepare_dir(directory, run_as)
 
+    def _account_name(self, workspace: str, run_as: RunAs | None) -> str:
+        """The workspace's Slurm account; empty where jobs are not submitted as its Unix account."""
+        return workspace[:63] if run_as is not None and self.accounts else ""
+
     def _ensure_account(self, workspace: str, run_as: RunAs | None) -> str:
         """The workspace's Slurm account, with the workspace's Unix account as its user, created
         with ``sacctmgr`` on first use so that Slurm's accounting and fair share see each tenant.
         Empty where jobs are not submitted as the workspace's account (the portal is not root)."""
-        if run_as is None or not self.accounts:
+        account = self._account_name(workspace, run_as)
+        if not account or run_as is None:
             return ""
-        account = workspace[:63]
         if (account, run_as.user) in _KNOWN_ASSOCIATIONS:
             return account
         show = [self.sacctmgr_path, "-n", "-P", "show", "assoc", f"account={account}", f"user={run_as.user}"]
@@ -422,9 +500,7 @@ class SlurmBackend(FileOutputs):
 
     def start_instance(self, spec: InstanceSpec) -> Endpoint:
         """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
-        endpoint = self._launch(instance_job(spec), self._sdk_environment())
-        self._state["kind"] = "instance"
-        return endpoint
+        return self._launch(instance_job(spec), self._sdk_environment(), kind="instance")
 
     def start_notebook(self, spec: NotebookSpec) -> Endpoint:
         """A batch job running a Jupyter server on its node's address; returns once it answers.
@@ -449,13 +525,19 @@ class SlurmBackend(FileOutputs):
                 f"identity/{module.name}": module.read_text() for module in sorted(IDENTITY_MODULES.glob("*.py"))
             }
             server.env["PYTHONPATH"] = str(identity)
-        self._launch(server, env)
-        self._state["kind"] = "notebook"
+        self._launch(server, env, kind="notebook")
+        return self._notebook_answering(spec.base_url)
+
+    def _notebook_answering(self, base_url: str, *, wait: bool = True) -> Endpoint:
+        """The server's endpoint on its node, once it answers (with ``wait``); cancelled, and
+        ``BackendError``, if it does not."""
         self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
         endpoint = self._notebook_endpoint()
+        if not wait:
+            return endpoint
         try:
             wait_answering(
-                f"{endpoint.url}{spec.base_url}api",
+                f"{endpoint.url}{base_url}api",
                 alive=lambda: self._live_state() is not None,
                 log_tail=lambda: " | ".join(self.logs(0)[0].decode(errors="replace").strip().splitlines()[-5:]),
                 timeout_s=self.notebook_start_timeout_s,
@@ -571,12 +653,17 @@ class SlurmBackend(FileOutputs):
         return status
 
     def _sacct_status(self) -> Status:
+        state, code = self._sacct_final()
+        return parse_exit(state, code, stopped=bool(self._state.get("stopped")))
+
+    def _sacct_final(self) -> tuple[str, str]:
+        """sacct's final ``State`` and ``ExitCode`` of the job, waited for: they reach it late."""
         argv = [self.sacct_path, "-j", self._state["job_id"], "-X", "-n", "-P", "-o", "State,ExitCode"]
         for attempt in range(self.sacct_retries):
             for line in self._run(argv).splitlines():
                 state, _, code = line.strip().partition("|")
                 if state and state.split()[0] not in LIVE_STATES:
-                    return parse_exit(state, code, stopped=bool(self._state.get("stopped")))
+                    return state, code
             if attempt + 1 < self.sacct_retries:
                 time.sleep(self.sacct_retry_delay_s)
         raise BackendError(f"sacct has no final record of job {self._state['job_id']} yet", permanent=False)
@@ -661,6 +748,46 @@ class SlurmBackend(FileOutputs):
         if orphans:
             self._run([self.scancel_path, *orphans])
         return orphans
+
+
+def _job_state(
+    spec: JobSpec, job_id: str, kind: str, run_as: RunAs | None, account: str, submitted_at: float | None
+) -> dict[str, Any]:
+    """The state of the batch job ``job_id`` that runs ``spec``, before Slurm has placed it."""
+    job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
+    internal = job_dir / ".portal"
+    return {
+        "version": STATE_VERSION,
+        "kind": kind,
+        "job_id": job_id,
+        "key": spec.key,
+        "job_dir": str(job_dir),
+        "batch_log": str(internal / "batch.log"),
+        "logs": [str(internal / f"replica-{r}.log") for r in range(spec.replicas)],
+        "replicas": spec.replicas,
+        "artifact_paths": spec.artifact_paths or ["artifacts"],
+        "submitted_at": submitted_at,
+        "nodes": [],
+        "user": run_as.user if run_as else "",
+        "account": account,
+    }
+
+
+def _settled_id(job_dir: Path) -> str:
+    """The job id in ``job_dir``'s ``.portal/settled`` (never read through a link), or ''."""
+    opened = open_inside(job_dir, f".portal/{SETTLED_FILE}")
+    if opened is None:
+        return ""
+    with opened:
+        return opened.read(64).decode(errors="replace").strip()
+
+
+def _slurm_time(text: str) -> float | None:
+    """A Slurm timestamp (``2026-11-24T11:27:41``, local time) as seconds since the epoch."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _user_env() -> dict[str, str]:
