@@ -205,11 +205,12 @@ def _all_succeeded(client: Client, names: set[str]) -> bool:
 def test_each_process_killed_in_turn_loses_and_repeats_nothing(production: Production, tx_world: World) -> None:
     client = Client(production, Token.objects.create(user=tx_world.alice).key)
     try:
-        # 1. The worker dies while it starts a burst of jobs; a new one comes up a moment later.
+        # 1. The worker dies while it starts a burst of jobs, as the first body runs (often between
+        #    a start and its record: the next start adopts what runs); a new one comes up later.
         burst = {f"burst-{n}" for n in range(10)}
         for name in sorted(burst):
             assert client.submit(name, RECORD).status_code == 201
-        time.sleep(0.5)
+        _until(lambda: bool(_bodies_run(production)), "a first body to run", timeout_s=30)
         production.kill("worker")
         time.sleep(1)
         production.start("worker")

@@ -5,7 +5,10 @@ cleared; a start that overruns the portal's timeout is stopped and its job reque
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -15,12 +18,17 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from apps.compute.actions import check_launch_instance
+from apps.compute.models import Instance
+from apps.inventory.models import Allocation
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
+from apps.workloads import host
 from apps.workloads.host import converge
 from tests.personas import World
 from workers.backends.base import Backend, BackendError
 from workers.backends.local import LocalBackend
+from workers.backends.registry import backend_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -142,3 +150,61 @@ def test_a_start_that_overruns_its_timeout_is_stopped_and_requeued(
         assert f"job-{job.pk}" in gate.stopped and gate.cleared
     finally:
         gate.go.set()
+
+
+def test_an_instance_start_that_overruns_its_timeout_fails_it(
+    tx_world: World, work: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kind says what an overrun means: a job goes back in line (above), an instance fails."""
+    world = tx_world
+    settings.PORTAL_INSTANCE_START_TIMEOUT_S = 1
+    instance = check_launch_instance(world.team_a, name="late-box", profile=world.cpu_small, acting_user=world.alice)
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.PROVISIONING  # admitted by the inline cycle
+    gate = Gate(monkeypatch, f"instance-{instance.pk}")
+    try:
+        converge("instance", instance.pk)
+        instance.refresh_from_db()
+        assert instance.state == Instance.State.FAILED and "did not start within 1 s" in instance.failure_reason
+        assert instance.backend_state is None and instance.start_claim is None
+        assert not Allocation.objects.filter(instance=instance).exists()
+        assert f"instance-{instance.pk}" in gate.stopped and gate.cleared
+    finally:
+        gate.go.set()
+
+
+def test_a_start_lost_with_its_worker_is_taken_over_and_not_run_twice(
+    tx_world: World, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker died between its backend starting a job and the portal recording it: the next
+    start takes the stale claim over and adopts what runs under the job's key, so its body runs
+    once (a marker file counts the runs)."""
+    world = tx_world
+    marker = work / world.team_a.name / "runs"  # the workspace's directory: the job may write there
+    job = submit(world, "once", command=f"echo ran >> {marker}; sleep 2")
+    kind = host.kind_of("job")
+    # The lost start: claimed by a process of this host that died, its backend started, nothing recorded.
+    Job.objects.filter(pk=job.pk).update(
+        start_claim={"token": "lost", "at": time.time(), "host": socket.gethostname(), "pid": _dead_pid()}
+    )
+    row = Job.objects.select_related("workspace", "cluster").get(pk=job.pk)
+    lost = backend_for(row.cluster)  # as the dead worker built it
+    lost.start(kind.spec(row))
+    first = [r["pid"] for r in lost.get_state()["replicas"]]
+
+    started = converge("job", job.pk)
+    assert started is not None and started.state == Job.State.RUNNING
+    assert [r["pid"] for r in started.backend_state["replicas"]] == first  # adopted, not started again
+    deadline = time.monotonic() + 30
+    while Job.objects.get(pk=job.pk).state == Job.State.RUNNING:
+        assert time.monotonic() < deadline
+        converge("job", job.pk)
+        time.sleep(0.2)
+    assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
+    assert marker.read_text() == "ran\n"
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
