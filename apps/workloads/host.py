@@ -238,6 +238,8 @@ def _watch(kind: Kind, pk: int) -> Any | None:
     """Ask the backend how the workload does, with no row locked; record an exit (or, for a kind
     that restarts in place, start it again) if the row is still as it was."""
     row = kind.load(pk)
+    if row is None:
+        return None
     state = row.backend_state
     backend: Backend | None = None
     if state is not None:
@@ -310,7 +312,7 @@ def stop(kind: Kind, pk: int) -> Any:
                 row.backend_stopped = kind.keeps_state_after_stop
             kind.record_stop(row, backend)
             return row
-    raise BackendError(f"{kind.key(pk)} was started again while it was being stopped")
+    raise BackendError(f"{kind.key(pk)} was started again while it was being stopped", permanent=False)
 
 
 # -- reconcile --------------------------------------------------------------------------------------
