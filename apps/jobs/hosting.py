@@ -114,7 +114,8 @@ class JobKind(Kind):
 
     def record_host_stop(self, row: Job) -> None:
         row.save()
-        actions.do_requeue_job(row, reason="the portal stopped")
+        if not row.is_final:  # a running or preempted job runs again at the next start
+            actions.do_requeue_job(row, reason="the portal stopped")
 
 
 def _record_artifacts(job: Job, backend: Backend) -> None:

@@ -132,7 +132,7 @@ class Kind:
         raise NotImplementedError
 
     def record_host_stop(self, row: Any) -> None:
-        """The embedded portal stopped with it running on this machine (backend_state cleared)."""
+        """The embedded portal stopped its processes on this machine on its way down."""
         raise NotImplementedError
 
 
@@ -406,8 +406,11 @@ def stop_on_this_machine() -> int:
                 logger.warning("stopping %s left something running", kind.key(pk), exc_info=True)
             with transaction.atomic():
                 row = _locked(kind, pk)
-                row.backend_state = None
                 row.start_claim = None
+                if kind.keeps_state_after_stop:
+                    row.backend_stopped = True  # its logs stay readable
+                else:
+                    row.backend_state = None
                 kind.record_host_stop(row)
             stopped += 1
     return stopped
