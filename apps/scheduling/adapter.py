@@ -17,15 +17,13 @@ from django.db.models import F, Sum, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from apps.audit.actions import do_log_event
-from apps.audit.events import Event
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
 from apps.jobs.actions import do_preempt_job, do_requeue_unready_job, unready_backoff_s
 from apps.jobs.models import Job
 from apps.scheduling import engine
+from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
 from apps.scheduling.models import FairShareUsage
-from apps.scheduling.trigger import request_job_sync, request_workload
 from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
@@ -264,60 +262,37 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
 
 
 def _admit(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> bool:
-    """Apply one admission in a savepoint of the cycle: if the database refuses its devices (shares
-    of one GPU above one, see inventory's migration 0003), it stays queued and the cycle goes on."""
+    """Apply one admission in a savepoint of the cycle (the action's transaction): if the database
+    refuses its devices (shares of one GPU above one, see inventory's migration 0003), it stays
+    queued and the cycle goes on."""
     try:
-        with transaction.atomic():
-            return _apply_admission(row, decision, nodes)
+        return do_admit_workload(row, _admission(row, decision, nodes))
     except IntegrityError:
         logger.error("admission of %s %s refused: a device would be shared above one", type(row).__name__, row.pk)
         return False
 
 
-def _apply_admission(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> bool:
-    now = timezone.now()
-    model = type(row)
-    new_state = Job.State.ADMITTED if isinstance(row, Job) else Instance.State.PROVISIONING
-    cluster_id = Cluster.objects.filter(name=decision.cluster).values_list("pk", flat=True).first()
-    if cluster_id is None:  # no GPUs asked for: the cluster asked for, else the default one
+def _admission(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> Admission:
+    """The engine's decision in the database's terms: the cluster's id and each device's GPU id."""
+    replicas = tuple(
+        AdmittedReplica(
+            replica.node,
+            tuple(AdmittedDevice(index, nodes[replica.node].gpu_ids[index], share) for index, share in replica.devices),
+        )
+        for replica in decision.placement
+    )
+    return Admission(_cluster_id(row, decision.cluster), replicas, decision.borrowed)
+
+
+def _cluster_id(row: Row, cluster: str | None) -> int | None:
+    """The cluster the engine placed the workload on; for work without GPUs (placed on none), the
+    cluster asked for, else the default one."""
+    cluster_id = Cluster.objects.filter(name=cluster).values_list("pk", flat=True).first() if cluster else None
+    if cluster_id is None:
         cluster_id = row.requested_cluster_id
     if cluster_id is None:
         cluster_id = Cluster.objects.filter(is_default=True).values_list("pk", flat=True).first()
-    disabled = Cluster.objects.filter(pk=cluster_id, enabled=False).values_list("name", flat=True).first()
-    if disabled is not None:  # work without GPUs is placed on no node: its cluster may be off
-        reason = f"Cluster {disabled} is disabled: waiting until an admin enables it."
-        model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(wait_reason=reason)
-        return False
-    claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(
-        state=new_state,
-        admitted_at=now,
-        cluster_id=cluster_id,
-        wait_reason="",
-        workspace_queue_position=None,
-        cluster_queue_position=None,
-        estimated_start_at=None,
-    )
-    if not claimed:  # cancelled or deleted since the snapshot
-        return False
-    holder = {"job_id": row.pk} if isinstance(row, Job) else {"instance_id": row.pk}
-    Allocation.objects.bulk_create(
-        Allocation(gpu_id=nodes[replica.node].gpu_ids[index], fraction=share, replica=r, **holder)
-        for r, replica in enumerate(decision.placement)
-        for index, share in replica.devices
-    )
-    placement = [{"node": p.node, "devices": [[i, str(s)] for i, s in p.devices]} for p in decision.placement]
-    do_log_event(
-        Event.JOB_ADMIT if isinstance(row, Job) else Event.INSTANCE_ADMIT,
-        row,
-        workspace=row.workspace,
-        data={"placement": placement, "borrowed": str(decision.borrowed)},
-    )
-    notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
-    if isinstance(row, Job):
-        request_job_sync(row.pk, start=True)
-    else:
-        request_workload("instance", row.pk)
-    return True
+    return cluster_id
 
 
 def _record_pending(row: Row, reason: str, workspace_position: int | None, cluster_position: int | None,
