@@ -71,8 +71,8 @@ def main() -> int:
     (args.out / "philly.json").write_text(json.dumps(summary, indent=2) + "\n")
     width = max(len(k) for k in fifo)
     print(f"{'':{width}}  {'fifo':>16}  {'portal':>16}")
-    for key in fifo:
-        print(f"{key:{width}}  {fifo[key]:>16}  {portal[key]:>16}")
+    for key in fifo:  # an estimate's figures are None without --estimates
+        print(f"{key:{width}}  {fifo[key]!s:>16}  {portal[key]!s:>16}")
     print(f"{'wall_s':{width}}  {fifo_s:>16.1f}  {portal_s:>16.1f}")
     for target in summary["targets"]:
         print(

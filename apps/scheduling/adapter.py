@@ -17,15 +17,13 @@ from django.db.models import F, Sum, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from apps.audit.actions import do_log_event
-from apps.audit.events import Event
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
 from apps.jobs.actions import do_preempt_job, do_requeue_unready_job, unready_backoff_s
 from apps.jobs.models import Job
 from apps.scheduling import engine
+from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
 from apps.scheduling.models import FairShareUsage
-from apps.scheduling.trigger import request_workload
 from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
@@ -116,7 +114,7 @@ def _as_workload(
             replicas[allocation.replica].append(allocation)
         placement = tuple(
             engine.ReplicaPlacement(
-                f"{held[0].gpu.node_id}/{held[0].gpu.gpu_type}", tuple((a.gpu.index, a.fraction) for a in held)
+                _node_name(held[0].gpu.node_id, held[0].gpu.gpu_type), tuple((a.gpu.index, a.fraction) for a in held)
             )
             for _, held in sorted(replicas.items())
         )
@@ -141,8 +139,24 @@ def _as_workload(
     )
 
 
-def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[tuple[int, int], int]]:
-    """Nodes as (node pk/gpu type) entries with each device's free share, and a GPU-id lookup.
+@dataclass(frozen=True)
+class NodeRef:
+    """What an engine node stands for in the inventory: one node's GPUs of one type."""
+
+    node_id: int
+    gpu_type: str
+    gpu_ids: dict[int, int]  # device index -> GPU id
+
+
+def _node_name(node_id: int, gpu_type: str) -> str:
+    """The engine's name for a node's GPUs of one type (a node may hold several types); a label the
+    audit shows, never read back: `NodeRef` says what it stands for."""
+    return f"{node_id}/{gpu_type}"
+
+
+def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[str, NodeRef]]:
+    """The engine's nodes (one per node and GPU type) with each device's free share, and what each
+    stands for, by its name.
 
     Drained and down nodes come with no free share: nothing is placed there, but work that
     needs them waits for them instead of being refused.
@@ -152,18 +166,19 @@ def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[tuple[int, int], in
         "pk", "node_id", "index", "gpu_type", "node__pool__cluster__name", "node__state"
     )
     devices: dict[tuple[int, str, str], list[engine.Device]] = {}
-    lookup: dict[tuple[int, int], int] = {}
+    refs: dict[str, NodeRef] = {}
     for gpu_pk, node_pk, index, gpu_type, cluster, state in gpus.order_by("node_id", "index"):
         free = max(Decimal("0"), Decimal("1") - used.get(gpu_pk, Decimal("0")))
         if state != Node.State.READY:
             free = Decimal("0")
         devices.setdefault((node_pk, gpu_type, cluster), []).append(engine.Device(index, free))
-        lookup[node_pk, index] = gpu_pk
+        name = _node_name(node_pk, gpu_type)
+        refs.setdefault(name, NodeRef(node_pk, gpu_type, {})).gpu_ids[index] = gpu_pk
     nodes = tuple(
-        engine.NodeInfo(name=f"{node_pk}/{gpu_type}", cluster=cluster, gpu_type=gpu_type, devices=tuple(devs))
+        engine.NodeInfo(name=_node_name(node_pk, gpu_type), cluster=cluster, gpu_type=gpu_type, devices=tuple(devs))
         for (node_pk, gpu_type, cluster), devs in devices.items()
     )
-    return nodes, lookup
+    return nodes, refs
 
 
 def _update_history(now: datetime, half_life_s: float, running: list[Row]) -> dict[int, dict[str, float]]:
@@ -215,7 +230,7 @@ def _load_workspaces(history: dict[int, dict[str, float]]) -> tuple[engine.Works
 class Loaded:
     snapshot: engine.Snapshot
     rows: dict[str, Row]  # pending and running, by engine key
-    gpu_lookup: dict[tuple[int, int], int]
+    nodes: dict[str, NodeRef]  # by engine node name
 
 
 def load_snapshot(now: datetime | None = None) -> Loaded:
@@ -233,7 +248,7 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         holder = f"job:{allocation.job_id}" if allocation.job_id else f"instance:{allocation.instance_id}"
         allocations[holder].append(allocation)
     history = _update_history(now, rules.half_life_s, running)
-    nodes, gpu_lookup = _load_nodes()
+    nodes, refs = _load_nodes()
     observed = observed_runtimes([r for r in [*pending, *running] if isinstance(r, Job)], now) if pending else {}
     snapshot = engine.Snapshot(
         workspaces=_load_workspaces(history),
@@ -243,61 +258,41 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         now=now.timestamp(),
         policy=rules,
     )
-    return Loaded(snapshot, {_key(r): r for r in [*pending, *running]}, gpu_lookup)
+    return Loaded(snapshot, {_key(r): r for r in [*pending, *running]}, refs)
 
 
-def _admit(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
-    """Apply one admission in a savepoint of the cycle: if the database refuses its devices (shares
-    of one GPU above one, see inventory's migration 0003), it stays queued and the cycle goes on."""
+def _admit(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> bool:
+    """Apply one admission in a savepoint of the cycle (the action's transaction): if the database
+    refuses its devices (shares of one GPU above one, see inventory's migration 0003), it stays
+    queued and the cycle goes on."""
     try:
-        with transaction.atomic():
-            return _apply_admission(row, decision, gpu_lookup)
+        return do_admit_workload(row, _admission(row, decision, nodes))
     except IntegrityError:
         logger.error("admission of %s %s refused: a device would be shared above one", type(row).__name__, row.pk)
         return False
 
 
-def _apply_admission(row: Row, decision: engine.Admit, gpu_lookup: dict[tuple[int, int], int]) -> bool:
-    now = timezone.now()
-    model = type(row)
-    new_state = Job.State.ADMITTED if isinstance(row, Job) else Instance.State.PROVISIONING
-    cluster_id = Cluster.objects.filter(name=decision.cluster).values_list("pk", flat=True).first()
-    if cluster_id is None:  # no GPUs asked for: the cluster asked for, else the default one
+def _admission(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> Admission:
+    """The engine's decision in the database's terms: the cluster's id and each device's GPU id."""
+    replicas = tuple(
+        AdmittedReplica(
+            replica.node,
+            tuple(AdmittedDevice(index, nodes[replica.node].gpu_ids[index], share) for index, share in replica.devices),
+        )
+        for replica in decision.placement
+    )
+    return Admission(_cluster_id(row, decision.cluster), replicas, decision.borrowed)
+
+
+def _cluster_id(row: Row, cluster: str | None) -> int | None:
+    """The cluster the engine placed the workload on; for work without GPUs (placed on none), the
+    cluster asked for, else the default one."""
+    cluster_id = Cluster.objects.filter(name=cluster).values_list("pk", flat=True).first() if cluster else None
+    if cluster_id is None:
         cluster_id = row.requested_cluster_id
     if cluster_id is None:
         cluster_id = Cluster.objects.filter(is_default=True).values_list("pk", flat=True).first()
-    disabled = Cluster.objects.filter(pk=cluster_id, enabled=False).values_list("name", flat=True).first()
-    if disabled is not None:  # work without GPUs is placed on no node: its cluster may be off
-        reason = f"Cluster {disabled} is disabled: waiting until an admin enables it."
-        model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(wait_reason=reason)
-        return False
-    claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(
-        state=new_state,
-        admitted_at=now,
-        cluster_id=cluster_id,
-        wait_reason="",
-        workspace_queue_position=None,
-        cluster_queue_position=None,
-        estimated_start_at=None,
-    )
-    if not claimed:  # cancelled or deleted since the snapshot
-        return False
-    holder = {"job_id": row.pk} if isinstance(row, Job) else {"instance_id": row.pk}
-    Allocation.objects.bulk_create(
-        Allocation(gpu_id=gpu_lookup[int(replica.node.split("/")[0]), index], fraction=share, replica=r, **holder)
-        for r, replica in enumerate(decision.placement)
-        for index, share in replica.devices
-    )
-    placement = [{"node": p.node, "devices": [[i, str(s)] for i, s in p.devices]} for p in decision.placement]
-    do_log_event(
-        Event.JOB_ADMIT if isinstance(row, Job) else Event.INSTANCE_ADMIT,
-        row,
-        workspace=row.workspace,
-        data={"placement": placement, "borrowed": str(decision.borrowed)},
-    )
-    notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
-    request_workload("job" if isinstance(row, Job) else "instance", row.pk)
-    return True
+    return cluster_id
 
 
 def _record_pending(row: Row, reason: str, workspace_position: int | None, cluster_position: int | None,
@@ -345,7 +340,7 @@ def run_cycle() -> CycleResult:
             if admit.key in evicted:  # the engine never decides both; never apply both either
                 logger.error("%s was both admitted and evicted in one cycle; not admitted", admit.key)
                 continue
-            if _admit(loaded.rows[admit.key], admit, loaded.gpu_lookup):
+            if _admit(loaded.rows[admit.key], admit, loaded.nodes):
                 result.admitted.append(admit.key)
         for pending in decisions.pending:
             _record_pending(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from apps.scheduling.estimates import StartEstimates
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
+from apps.scheduling.preemption import Preemption
 from apps.scheduling.types import (
     UNIT,
     Admit,
@@ -110,6 +111,7 @@ class Engine:
         self.slot_counts: dict[tuple[str, str, int], int] = {}  # see _slots
         self.rejected: list[Reject] = []
         self.admitted_now: set[str] = set()  # admitted in the current cycle: never its victims
+        self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
 
     # -- feeding it --------------------------------------------------------------------------------
 
@@ -356,7 +358,7 @@ class Engine:
                 cursor[name] = position + 1
             else:
                 kind, reason = self._try_admit_unless_blocked(workload, decisions, blocked)
-                if kind and preemption_tries > 0 and self._may_preempt_for(workload):
+                if kind and preemption_tries > 0 and self.preemption.may_preempt_for(workload):
                     preemption_tries -= 1
                     if self._preempt_for(workload, now, decisions):
                         kind = reason = ""
@@ -400,121 +402,17 @@ class Engine:
 
     # -- preemption --------------------------------------------------------------------------------
 
-    def _may_preempt_for(self, workload: Workload) -> bool:
-        """Preemption is for work within its workspace's nominal quota, or above lower-priority
-        work of its own workspace."""
-        name, gpu_type = workload.workspace, workload.gpu_type
-        units = units_of(workload.total_gpus)
-        if self.ledger.used[name, gpu_type] + units <= self.ledger.nominal(name, gpu_type):
-            return True
-        return any(priority < workload.priority for priority in self.priorities[name, gpu_type])
-
-    def _victims(self, workload: Workload, now: float) -> list[_Running]:
-        """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
-        is within its nominal quota, then lower-priority work of its own workspace; never
-        non-preemptible work or work younger than `min_runtime_s`."""
-        name, gpu_type = workload.workspace, workload.gpu_type
-        entitled = self.ledger.used[name, gpu_type] + units_of(workload.total_gpus) <= self.ledger.nominal(
-            name, gpu_type
-        )
-        borrowers = {
-            ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
-        }
-        cohort = self.ledger.workspace(name).cohort
-        ranked = []
-        candidates = (borrowers if entitled else set()) | {name}  # only their work can be a victim below
-        for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
-            victim = running.workload
-            if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
-                continue
-            if victim.key in self.admitted_now:  # its admission and its eviction would leave together
-                continue
-            if victim.started_at is not None and now - victim.started_at < self.policy.min_runtime_s:
-                continue
-            if victim.workspace != name and entitled and victim.workspace in borrowers:
-                tier = 0
-            elif victim.workspace == name and victim.priority < workload.priority:
-                tier = 1
-            else:
-                continue
-            # Cheapest first: borrowers of the same cohort (whose loan this is), lower priority, then the
-            # most recently started (least work lost).
-            elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
-            ranked.append(((tier, elsewhere, victim.priority, -(victim.started_at or 0.0), victim.key), running))
-        ranked.sort(key=lambda pair: pair[0])
-        return [running for _, running in ranked[: self.policy.max_victims]]
-
     def _preempt_for(self, workload: Workload, now: float, decisions: Decisions) -> bool:
-        """Evict the fewest, cheapest workloads that make room and admit `workload`; False if none do."""
-        victims = self._victims(workload, now)
-        if not victims or not self._fits_without(workload, victims):  # cheap way out before the search
+        """Evict the workloads preemption chooses for `workload` and admit it; False if none make room."""
+        chosen = self.preemption.choose(workload, now, spared=self.admitted_now)
+        if not chosen:
             return False
-        chosen: list[_Running] = []
-        for running in victims:
-            chosen.append(running)
-            if self._fits_without(workload, chosen):
-                break
-        else:
-            return False
-        if len(chosen) > 1:  # one costlier victim of no higher class may make room alone: evict fewer
-            worst = self._victim_class(workload, chosen[-1])
-            for running in victims[len(chosen) :]:
-                if self._victim_class(workload, running) != worst:
-                    break
-                if self._fits_without(workload, [running]):
-                    chosen = [running]
-                    break
-        for running in list(reversed(chosen)):  # drop victims the others already make room without
-            rest = [r for r in chosen if r is not running]
-            if rest and self._fits_without(workload, rest):
-                chosen = rest
         for running in chosen:
             self._stop(running.workload.key)
-            victim = running.workload
-            grace = self.policy.grace_s if victim.checkpointable else 0.0
-            decisions.preempted.append(Preempt(victim.key, self._preempt_reason(victim, workload), workload.key, grace))
+            decisions.preempted.append(self.preemption.decision(running.workload, workload))
         kind, _ = self._try_admit(workload, decisions)
         assert not kind, "preemption must make room for the workload it was made for"
         return True
-
-    def _victim_class(self, workload: Workload, running: _Running) -> tuple[int, int, int]:
-        """The cost order of `_victims` before recency: other workspaces' borrowers (of the same cohort
-        first), then priority."""
-        victim = running.workload
-        cohort = self.ledger.workspace(workload.workspace).cohort
-        elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
-        return (0 if victim.workspace != workload.workspace else 1, elsewhere, victim.priority)
-
-    def _fits_without(self, workload: Workload, victims: list[_Running]) -> bool:
-        for running in victims:
-            self._release(running)
-        try:
-            fits, _, _ = self.ledger.check(workload, units_of(workload.total_gpus))
-            if not fits:
-                return False
-            found = self._try_place(workload)
-            if found is None:
-                return False
-            pool, placed = found
-            for node, devices in reversed(placed):
-                pool.give(node, devices)
-            return True
-        finally:
-            for running in victims:
-                if running.pool is not None:
-                    for node, devices in running.held:
-                        running.pool.take(node, devices)
-                if running.units:
-                    self.ledger.add(running.workload.workspace, running.workload.gpu_type, running.units)
-
-    @staticmethod
-    def _preempt_reason(victim: Workload, workload: Workload) -> str:
-        if victim.workspace != workload.workspace:
-            return (
-                f"preempted to give workspace {workload.workspace} back its quota: workspace {victim.workspace} "
-                f"was borrowing {victim.gpu_type} GPUs"
-            )
-        return f"preempted for higher-priority {workload.key} (priority {workload.priority} > {victim.priority})"
 
     # -- explaining --------------------------------------------------------------------------------
 

@@ -1,0 +1,99 @@
+"""State changes the scheduler makes: admitting a workload where the engine placed it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.audit.actions import do_log_event
+from apps.audit.events import Event
+from apps.compute.models import Instance
+from apps.inventory.models import Allocation, Cluster
+from apps.jobs.models import Job
+from apps.scheduling.trigger import request_workload
+from apps.workspaces.live import notify
+
+
+@dataclass(frozen=True)
+class AdmittedDevice:
+    index: int  # on its node, as the audit names it
+    gpu_id: int
+    share: Decimal
+
+
+@dataclass(frozen=True)
+class AdmittedReplica:
+    node: str  # as the audit names it
+    devices: tuple[AdmittedDevice, ...]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where a workload is admitted: its cluster (None: none is known), the GPU shares of each of
+    its replicas (none for work without GPUs), and how many GPUs of it are borrowed from its cohort."""
+
+    cluster_id: int | None
+    replicas: tuple[AdmittedReplica, ...] = ()
+    borrowed: Decimal = Decimal("0")
+
+    def placement(self) -> list[dict[str, object]]:
+        """The placement as the audit event records it."""
+        return [
+            {"node": replica.node, "devices": [[d.index, str(d.share)] for d in replica.devices]}
+            for replica in self.replicas
+        ]
+
+
+def do_admit_workload(row: Instance | Job, admission: Admission) -> bool:
+    """Admit a queued job (ADMITTED) or instance (PROVISIONING) on the GPUs of `admission` (the
+    scheduler's decision: no acting user), and ask the worker to start it once committed.
+
+    Returns False, changing nothing else, if the workload is no longer queued (cancelled or deleted
+    since the cycle's snapshot), or if its cluster is disabled: then it stays queued, saying so. Its
+    allocations are checked by the database: an `IntegrityError` (a GPU shared above one) undoes
+    the whole admission, and the caller's transaction goes on."""
+    model = type(row)
+    is_job = isinstance(row, Job)
+    new_state = Job.State.ADMITTED if is_job else Instance.State.PROVISIONING
+    with transaction.atomic():
+        if _waits_for_disabled_cluster(row, admission.cluster_id):
+            return False
+        claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(
+            state=new_state,
+            admitted_at=timezone.now(),
+            cluster_id=admission.cluster_id,
+            wait_reason="",
+            workspace_queue_position=None,
+            cluster_queue_position=None,
+            estimated_start_at=None,
+        )
+        if not claimed:
+            return False
+        holder = {"job_id": row.pk} if is_job else {"instance_id": row.pk}
+        Allocation.objects.bulk_create(
+            Allocation(gpu_id=device.gpu_id, fraction=device.share, replica=r, **holder)
+            for r, replica in enumerate(admission.replicas)
+            for device in replica.devices
+        )
+        do_log_event(
+            Event.JOB_ADMIT if is_job else Event.INSTANCE_ADMIT,
+            row,
+            workspace=row.workspace,
+            data={"placement": admission.placement(), "borrowed": str(admission.borrowed)},
+        )
+        notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
+        request_workload("job" if is_job else "instance", row.pk)
+    return True
+
+
+def _waits_for_disabled_cluster(row: Instance | Job, cluster_id: int | None) -> bool:
+    """Work without GPUs is placed on no node, so its cluster may be off: it waits, saying why."""
+    disabled = Cluster.objects.filter(pk=cluster_id, enabled=False).values_list("name", flat=True).first()
+    if disabled is None:
+        return False
+    reason = f"Cluster {disabled} is disabled: waiting until an admin enables it."
+    type(row).objects.filter(pk=row.pk, state=type(row).State.QUEUED).update(wait_reason=reason)
+    return True

@@ -1,0 +1,186 @@
+"""Preemption: which running workloads to evict so that a pending one fits. Part of the pure
+scheduling core (no Django): the engine asks, and does the evictions and the admission itself.
+
+Bounded on purpose: only for work within its workspace's nominal quota (reclaiming what others
+borrowed) or above lower-priority work of its own workspace; never non-preemptible work or work
+younger than `Policy.min_runtime_s`; at most `Policy.max_victims` candidates, and of those the
+fewest and cheapest that make room.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
+
+from apps.scheduling.ledger import Ledger
+from apps.scheduling.placement import Pool, PoolNode
+from apps.scheduling.types import Policy, Preempt, Workload, units_of
+
+Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, hundredths)]) per replica
+
+
+class RunningWork(Protocol):
+    """A running workload as the engine keeps it: what it holds, and where."""
+
+    @property
+    def workload(self) -> Workload: ...
+
+    @property
+    def units(self) -> int: ...
+
+    @property
+    def pool(self) -> Pool | None: ...
+
+    @property
+    def held(self) -> Placed: ...
+
+
+class Preemption:
+    """The victim search over one engine's state, which it reads and leaves as it found it.
+
+    `running_by` and `priorities` are the engine's running workloads and their priorities per
+    (workspace, GPU type); `place` is the engine's placement of a workload on the free devices
+    (taking them: what it returns is given back here)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        ledger: Ledger,
+        running_by: Mapping[tuple[str, str], Mapping[str, RunningWork]],
+        priorities: Mapping[tuple[str, str], Counter[int]],
+        place: Callable[[Workload], tuple[Pool, Placed] | None],
+    ) -> None:
+        self.policy = policy
+        self.ledger = ledger
+        self.running_by = running_by
+        self.priorities = priorities
+        self.place = place
+
+    def may_preempt_for(self, workload: Workload) -> bool:
+        """Preemption is for work within its workspace's nominal quota, or above lower-priority
+        work of its own workspace."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        units = units_of(workload.total_gpus)
+        if self.ledger.used[name, gpu_type] + units <= self.ledger.nominal(name, gpu_type):
+            return True
+        return any(priority < workload.priority for priority in self.priorities[name, gpu_type])
+
+    def choose(self, workload: Workload, now: float, spared: Collection[str]) -> list[RunningWork]:
+        """The fewest, cheapest running workloads whose eviction makes room for `workload`; none if
+        no choice does. `spared` are the keys of workloads that may not be evicted (those admitted
+        in this cycle)."""
+        victims = self.victims(workload, now, spared)
+        if not victims or not self.fits_without(workload, victims):  # cheap way out before the search
+            return []
+        chosen: list[RunningWork] = []
+        for running in victims:
+            chosen.append(running)
+            if self.fits_without(workload, chosen):
+                break
+        else:
+            return []
+        if len(chosen) > 1:  # one costlier victim of no higher class may make room alone: evict fewer
+            worst = self.victim_class(workload, chosen[-1])
+            for running in victims[len(chosen) :]:
+                if self.victim_class(workload, running) != worst:
+                    break
+                if self.fits_without(workload, [running]):
+                    chosen = [running]
+                    break
+        for running in list(reversed(chosen)):  # drop victims the others already make room without
+            rest = [r for r in chosen if r is not running]
+            if rest and self.fits_without(workload, rest):
+                chosen = rest
+        return chosen
+
+    def victims(self, workload: Workload, now: float, spared: Collection[str]) -> list[RunningWork]:
+        """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
+        is within its nominal quota, then lower-priority work of its own workspace; never
+        non-preemptible work, work younger than `min_runtime_s` or work in `spared`."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        entitled = self.ledger.used[name, gpu_type] + units_of(workload.total_gpus) <= self.ledger.nominal(
+            name, gpu_type
+        )
+        borrowers = {
+            ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
+        }
+        cohort = self.ledger.workspace(name).cohort
+        ranked = []
+        candidates = (borrowers if entitled else set()) | {name}  # only their work can be a victim below
+        for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
+            victim = running.workload
+            if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
+                continue
+            if victim.key in spared:  # its admission and its eviction would leave together
+                continue
+            if victim.started_at is not None and now - victim.started_at < self.policy.min_runtime_s:
+                continue
+            if victim.workspace != name and entitled and victim.workspace in borrowers:
+                tier = 0
+            elif victim.workspace == name and victim.priority < workload.priority:
+                tier = 1
+            else:
+                continue
+            # Cheapest first: borrowers of the same cohort (whose loan this is), lower priority, then the
+            # most recently started (least work lost).
+            elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
+            ranked.append(((tier, elsewhere, victim.priority, -(victim.started_at or 0.0), victim.key), running))
+        ranked.sort(key=lambda pair: pair[0])
+        return [running for _, running in ranked[: self.policy.max_victims]]
+
+    def victim_class(self, workload: Workload, running: RunningWork) -> tuple[int, int, int]:
+        """The cost order of `victims` before recency: other workspaces' borrowers (of the same cohort
+        first), then priority."""
+        victim = running.workload
+        cohort = self.ledger.workspace(workload.workspace).cohort
+        elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
+        return (0 if victim.workspace != workload.workspace else 1, elsewhere, victim.priority)
+
+    def fits_without(self, workload: Workload, victims: list[RunningWork]) -> bool:
+        """Whether `workload` would fit, quota and devices, were `victims` gone; nothing changes."""
+        for running in victims:
+            self._give_back(running)
+        try:
+            fits, _, _ = self.ledger.check(workload, units_of(workload.total_gpus))
+            if not fits:
+                return False
+            found = self.place(workload)
+            if found is None:
+                return False
+            pool, placed = found
+            for node, devices in reversed(placed):
+                pool.give(node, devices)
+            return True
+        finally:
+            for running in victims:
+                self._take_again(running)
+
+    def _give_back(self, running: RunningWork) -> None:
+        if running.pool is not None:
+            for node, devices in running.held:
+                running.pool.give(node, devices)
+        if running.units:
+            self.ledger.add(running.workload.workspace, running.workload.gpu_type, -running.units)
+
+    def _take_again(self, running: RunningWork) -> None:
+        if running.pool is not None:
+            for node, devices in running.held:
+                running.pool.take(node, devices)
+        if running.units:
+            self.ledger.add(running.workload.workspace, running.workload.gpu_type, running.units)
+
+    def decision(self, victim: Workload, workload: Workload) -> Preempt:
+        """The engine's decision to evict `victim` for `workload`: checkpoint-aware work gets `grace_s`."""
+        grace = self.policy.grace_s if victim.checkpointable else 0.0
+        return Preempt(victim.key, preempt_reason(victim, workload), workload.key, grace)
+
+
+def preempt_reason(victim: Workload, workload: Workload) -> str:
+    """What the victim is told."""
+    if victim.workspace != workload.workspace:
+        return (
+            f"preempted to give workspace {workload.workspace} back its quota: workspace {victim.workspace} "
+            f"was borrowing {victim.gpu_type} GPUs"
+        )
+    return f"preempted for higher-priority {workload.key} (priority {workload.priority} > {victim.priority})"
