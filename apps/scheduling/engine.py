@@ -342,6 +342,10 @@ class Engine:
                 heap.append(self._rank(name, queue.items[0][2]))
         heapq.heapify(heap)
         scanned = 0
+        # The scan budget is shared: a workspace's refusals use up at most its slice of it, so that
+        # one workspace's queue of blocked work never keeps another's fitting work from being seen.
+        slice_ = max(1, self.policy.max_scan // max(1, len(heap)))
+        refused: dict[str, int] = defaultdict(int)
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
         blocked: dict[tuple[str, str], tuple[int, str]] | None = {} if quick else None
         while heap and scanned < self.policy.max_scan:
@@ -369,7 +373,8 @@ class Engine:
                     if kind == "placement":
                         self._maybe_hold(workload, now, reason, reasons)
                     cursor[name] = position + 1
-            if cursor[name] < len(items):
+                    refused[name] += 1
+            if cursor[name] < len(items) and refused[name] < slice_:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
 
     def _rank(self, name: str, key: str) -> tuple[int, float, str]:

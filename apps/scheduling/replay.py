@@ -285,6 +285,9 @@ class Replay:
         self.engine = Engine(workspaces, self.nodes, options.policy)
         self.audit = Audit(quotas, self.nodes, borrowing=options.policy.name == "portal")
         self.jobs = jobs
+        # Each team's queue follows submit time (ties: the file's order), as the portal's does.
+        by_submit = sorted(jobs, key=lambda j: (j.submit_s, j.seq))
+        self.queue_order = {job.job_id: n for n, job in enumerate(by_submit)}
         self.progress: dict[str, _Progress] = {}
         for job in jobs:
             replicas, per_replica = gang_shape(job.num_gpus, options.gpus_per_node)
@@ -337,7 +340,8 @@ class Replay:
     def _workload(self, progress: _Progress, expected_runtime_s: float | None = None) -> Workload:
         job = progress.job
         return Workload(
-            job.job_id, job.team, GPU_TYPE, progress.gpus_per_replica, progress.replicas, seq=job.seq,
+            job.job_id, job.team, GPU_TYPE, progress.gpus_per_replica, progress.replicas,
+            seq=self.queue_order[job.job_id],
             submitted_at=job.submit_s, expected_runtime_s=expected_runtime_s,
         )  # fmt: skip
 

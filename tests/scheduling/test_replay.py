@@ -103,6 +103,18 @@ def test_fifo_blocks_at_the_head_of_a_queue_while_portal_backfills_and_borrows(t
         assert result["quota_violations"] == 0
 
 
+@pytest.mark.parametrize("policy", ["fifo", "portal"])
+def test_a_team_queue_follows_submit_time_not_the_order_of_the_file(tmp_path: Path, policy: str) -> None:
+    jobs = [
+        "first,0,1000,8,a,unknown",  # holds a's whole quota until 1000
+        "late,100,100,8,a,unknown",  # listed before `early`, submitted after it
+        "early,50,100,8,a,unknown",
+    ]
+    run, _ = replay(tmp_path, jobs, ["a,8"], "--policy", policy)
+    assert started(run, "early") == 1000
+    assert started(run, "late") == 1100
+
+
 def test_portal_backfills_past_a_gang_that_does_not_fit_yet(tmp_path: Path) -> None:
     jobs = ["a1,0,1000,4,a,unknown", "a2,10,100,16,a,unknown", "a3,20,100,1,a,unknown"]
 

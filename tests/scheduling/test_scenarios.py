@@ -794,3 +794,24 @@ def test_it_estimates_a_start_no_earlier_than_its_workspaces_quota_allows() -> N
         "job:a1": ("waiting for quota", NOW + 500),  # when job:a0 ends
         "job:c1": ("waiting for quota", NOW + 800),  # when job:c0 ends: it is at nominal + borrowing limit
     }
+
+
+# --- fair scanning ----------------------------------------------------------------------------
+
+
+def test_one_workspaces_blocked_queue_never_keeps_anothers_fitting_work_from_being_seen() -> None:
+    """Teams a and b both borrow from c's idle quota; a goes first (b has used far more in the
+    past), but its borrowing limit refuses each of its 300 queued jobs. The scan budget is shared,
+    so b's one fitting job is still seen, and admitted, in the same cycle."""
+    holding = running("job:a-runs", "team-a", "n1", (0, 1))  # all of team a's quota
+    blocked = [job(f"job:a{n:03}", "team-a", "2", seq=n) for n in range(300)]
+    fitting = job("job:b", "team-b", "1", seq=1_000)
+    teams = [
+        ws("team-a", "2", cohort="lab", can_borrow=True, borrowing_limit="0"),
+        ws("team-b", "0", cohort="lab", can_borrow=True, history=1e9),
+        ws("team-c", "6", cohort="lab"),
+    ]
+    policy = Policy(max_scan=100, preemption=False)
+    decisions = schedule(snapshot(teams, [node("n1", used=(0, 1))], [holding], [*blocked, fitting], policy=policy))
+    assert admitted(decisions) == ["job:b"]
+    assert reasons(decisions)["job:a000"].startswith("waiting for quota")
