@@ -3,19 +3,21 @@ scheduling core (no Django): the engine asks, and does the evictions and the adm
 
 Bounded on purpose: only for work within its workspace's nominal quota (reclaiming what others
 borrowed) or above lower-priority work of its own workspace; never non-preemptible work or work
-younger than `Policy.min_runtime_s`; at most `Policy.max_victims` candidates, and of those the
-fewest and cheapest that make room.
+younger than `Policy.min_runtime_s`. The search first tries the `Policy.max_victims` cheapest
+candidates (the fewest and cheapest of them that make room); where they do not, it chooses node by
+node among all candidates, so that the devices it frees form the placement the workload needs:
+no cap makes a legal reclaim impossible.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
-from apps.scheduling.types import Policy, Preempt, Workload, units_of
+from apps.scheduling.types import UNIT, Policy, Preempt, Workload, units_of
 
 Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, hundredths)]) per replica
 
@@ -70,9 +72,12 @@ class Preemption:
         """The fewest, cheapest running workloads whose eviction makes room for `workload`; none if
         no choice does. `spared` are the keys of workloads that may not be evicted (those admitted
         in this cycle)."""
-        victims = self.victims(workload, now, spared)
-        if not victims or not self.fits_without(workload, victims):  # cheap way out before the search
+        everyone = self.victims(workload, now, spared)
+        victims = everyone[: self.policy.max_victims]
+        if not victims:
             return []
+        if not self.fits_without(workload, victims):  # the cheapest few cannot: choose node by node
+            return self._minimal(workload, self.by_node(workload, everyone))
         chosen: list[RunningWork] = []
         for running in victims:
             chosen.append(running)
@@ -88,11 +93,75 @@ class Preemption:
                 if self.fits_without(workload, [running]):
                     chosen = [running]
                     break
-        for running in list(reversed(chosen)):  # drop victims the others already make room without
+        return self._minimal(workload, chosen)
+
+    def _minimal(self, workload: Workload, chosen: list[RunningWork]) -> list[RunningWork]:
+        """`chosen` without the victims the others already make room without (costliest first)."""
+        for running in list(reversed(chosen)):
             rest = [r for r in chosen if r is not running]
             if rest and self.fits_without(workload, rest):
                 chosen = rest
         return chosen
+
+    def by_node(self, workload: Workload, victims: list[RunningWork]) -> list[RunningWork]:
+        """Victims chosen node by node (`victims` cheapest first): on each node, the cheapest that
+        free a replica's whole devices there; the nodes that take the fewest and cheapest; then, if
+        quota still refuses, the cheapest others. [] if no choice makes room."""
+        share = units_of(workload.gpus_per_replica)
+        if share < UNIT or not victims:
+            return []  # a fraction of one device: the cheapest first find it
+        count = share // UNIT
+        on_node: dict[tuple[int, str], list[RunningWork]] = defaultdict(list)
+        pools: dict[int, Pool] = {}
+        for running in victims:
+            if running.pool is None:
+                continue
+            pools[id(running.pool)] = running.pool
+            for name in {held_node.name for held_node, _ in running.held}:
+                on_node[id(running.pool), name].append(running)
+        best: tuple[tuple[int, ...], list[RunningWork]] | None = None
+        for pool_id, pool in pools.items():
+            plans: list[tuple[tuple[int, int], list[RunningWork]]] = []
+            for node in pool.nodes.values():
+                plan = self._free_on(node, count, on_node.get((pool_id, node.name), []))
+                if plan is not None:
+                    plans.append(((len(plan), -node.whole), plan))
+            if len(plans) < workload.replicas:
+                continue
+            plans.sort(key=lambda pair: pair[0])
+            picked = plans[: workload.replicas]
+            cost = (sum(c[0] for c, _ in picked),)
+            if best is None or cost < best[0]:
+                chosen: list[RunningWork] = []
+                for _, plan in picked:
+                    chosen.extend(r for r in plan if r not in chosen)
+                best = (cost, chosen)
+        if best is None:
+            return []
+        chosen = best[1]
+        for running in victims:  # quota: evicting on those nodes may not give enough back
+            if self.fits_without(workload, chosen):
+                return sorted(chosen, key=victims.index)
+            if running not in chosen:
+                chosen.append(running)
+        return sorted(chosen, key=victims.index) if self.fits_without(workload, chosen) else []
+
+    @staticmethod
+    def _free_on(node: PoolNode, count: int, victims: list[RunningWork]) -> list[RunningWork] | None:
+        """The cheapest of `victims` whose eviction leaves `count` whole devices free on `node`
+        (what they hold there given back), or None if all of them do not."""
+        free = list(node.free)
+        plan: list[RunningWork] = []
+        for running in [None, *victims]:
+            if running is not None:
+                plan.append(running)
+                for held_node, devices in running.held:
+                    if held_node is node:
+                        for position, units in devices:
+                            free[position] += units
+            if sum(1 for f in free if f >= UNIT) >= count:
+                return plan
+        return None
 
     def victims(self, workload: Workload, now: float, spared: Collection[str]) -> list[RunningWork]:
         """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
@@ -127,7 +196,7 @@ class Preemption:
             elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
             ranked.append(((tier, elsewhere, victim.priority, -(victim.started_at or 0.0), victim.key), running))
         ranked.sort(key=lambda pair: pair[0])
-        return [running for _, running in ranked[: self.policy.max_victims]]
+        return [running for _, running in ranked]
 
     def victim_class(self, workload: Workload, running: RunningWork) -> tuple[int, int, int]:
         """The cost order of `victims` before recency: other workspaces' borrowers (of the same cohort

@@ -815,3 +815,30 @@ def test_one_workspaces_blocked_queue_never_keeps_anothers_fitting_work_from_bei
     decisions = schedule(snapshot(teams, [node("n1", used=(0, 1))], [holding], [*blocked, fitting], policy=policy))
     assert admitted(decisions) == ["job:b"]
     assert reasons(decisions)["job:a000"].startswith("waiting for quota")
+
+
+# --- victims chosen node by node --------------------------------------------------------------
+
+
+def test_a_gang_within_its_quota_gets_victims_that_free_whole_nodes_however_many_it_takes() -> None:
+    """Team b borrows all 64 GPUs with 1-GPU jobs; the most recently started (the cheapest) are
+    spread over every node, so evicting the cheapest 32 frees no node. Team a's 32-GPU gang (4
+    replicas of 8) is within its quota: its victims are chosen node by node, 32 of them on 4 nodes."""
+    nodes = [node(f"n{n}", used=tuple(range(8))) for n in range(8)]
+    stream = [
+        running(f"job:b-{n}-{slot}", "team-b", f"n{n}", (slot,), started_at=1_000.0 + slot * 8 + n)
+        for n in range(8)
+        for slot in range(8)
+    ]
+    teams = [
+        ws("team-a", "32", cohort="lab"),
+        ws("team-b", "0", cohort="lab", can_borrow=True),
+        ws("team-c", "32", cohort="lab"),
+    ]
+    gang = job("job:a-gang", "team-a", "8", replicas=4)
+    decisions = schedule(snapshot(teams, nodes, stream, [gang], policy=Policy(max_victims=32)))
+    assert admitted(decisions) == ["job:a-gang"]
+    victims = preempted(decisions)
+    assert len(victims) == 32
+    assert len({key.split("-")[1] for key in victims}) == 4  # whole nodes, not a few GPUs on each
+    assert all(p.key.startswith("job:b-") for p in decisions.preempted)
