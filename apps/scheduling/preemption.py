@@ -139,12 +139,23 @@ class Preemption:
         if best is None:
             return []
         chosen = best[1]
-        for running in victims:  # quota: evicting on those nodes may not give enough back
-            if self.fits_without(workload, chosen):
-                return sorted(chosen, key=victims.index)
-            if running not in chosen:
-                chosen.append(running)
-        return sorted(chosen, key=victims.index) if self.fits_without(workload, chosen) else []
+        order = {id(running): n for n, running in enumerate(victims)}
+        if self.fits_without(workload, chosen):
+            return sorted(chosen, key=lambda r: order[id(r)])
+        # Quota: evicting on those nodes may not give enough back. The fewest of the cheapest others
+        # that do, found with a logarithmic number of checks (more victims never fit less).
+        taken = {id(running) for running in chosen}
+        others = [running for running in victims if id(running) not in taken]
+        if not others or not self.fits_without(workload, chosen + others):
+            return []
+        low, high = 0, len(others)  # chosen + others[:high] fits; chosen + others[:low] does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.fits_without(workload, chosen + others[:middle]):
+                high = middle
+            else:
+                low = middle
+        return sorted(chosen + others[:high], key=lambda r: order[id(r)])
 
     @staticmethod
     def _free_on(node: PoolNode, count: int, victims: list[RunningWork]) -> list[RunningWork] | None:
