@@ -93,7 +93,8 @@ def follow_a_job_live(page: Page, console: Page, setup: Setup, name: str) -> Non
     sign_in(page, setup.url, *setup.user)
     page.goto(f"{setup.url}/w/{setup.workspace}/jobs/new/")
     page.get_by_label("Name").fill(f"{name}-live")
-    page.get_by_label("Command").fill("sleep 3; echo done")
+    # Long enough to be seen running on a loaded machine (a page's refresh can take seconds there).
+    page.get_by_label("Command").fill("sleep 8; echo done")
     page.get_by_role("button", name="Submit").click()
     badge = page.locator("#job-state [data-state]")
     expect(badge).to_have_text("Queued")
