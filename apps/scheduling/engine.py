@@ -13,6 +13,9 @@ Policies:
   priority work in the same workspace), backfill with a reservation for starving gangs.
 - ``fifo``: what labs run today: each workspace a hard quota and its own FIFO queue that stops
   at the first workload that does not fit; no borrowing, no preemption.
+- ``shared``: what a default Slurm backfill scheduler does: one cluster-wide queue in submission
+  order, no quotas and no fairness; a workload that does not fit does not block those behind it,
+  except that a starving gang has nodes held for it. No preemption.
 
 Quantities are kept internally in hundredths of a GPU (ints), so fractional GPUs add up exactly.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections import Counter, defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from apps.scheduling.estimates import StartEstimates
@@ -77,7 +80,8 @@ class Engine:
         policy = policy or Policy()
         self.policy = policy
         self.fifo = policy.name == "fifo"
-        self.ledger = Ledger({w.name: w for w in workspaces}, borrowing=not self.fifo)
+        self.shared = policy.name == "shared"  # no quotas: see _try_admit
+        self.ledger = Ledger({w.name: w for w in workspaces}, borrowing=policy.name == "portal")
         groups: dict[tuple[str, str], list[PoolNode]] = defaultdict(list)
         for info in nodes:
             groups[info.cluster, info.gpu_type].append(PoolNode(info))
@@ -111,6 +115,10 @@ class Engine:
         self.slot_counts: dict[tuple[str, str, int], int] = {}  # see _slots
         self.rejected: list[Reject] = []
         self.admitted_now: set[str] = set()  # admitted in the current cycle: never its victims
+        # Held for starving gangs in the current cycle (see _hold_for): a workspace's quota of a type,
+        # (gang key, latest declared end of what it waits for); and pools' held nodes, the same end.
+        self.held_quota: dict[tuple[str, str], tuple[str, float | None]] = {}
+        self.held_until: dict[tuple[str, str], float | None] = {}  # per pool (cluster, type)
         self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
 
     # -- feeding it --------------------------------------------------------------------------------
@@ -180,7 +188,7 @@ class Engine:
             return ""
         gpu_type, total = workload.gpu_type, units * workload.replicas
         ceiling = self.ledger.ceiling(workload.workspace, gpu_type, self.cohort_lendable)
-        if total > ceiling:
+        if total > ceiling and not self.shared:
             return (
                 f"can never run: asks for {fmt_units(total)} {gpu_type} but workspace {workload.workspace} "
                 f"can hold at most {fmt_units(ceiling)}"
@@ -245,10 +253,14 @@ class Engine:
         reasons: dict[str, str] = {}
         if self.fifo:
             self._fifo_pass(now, decisions, reasons)
+        elif self.shared:
+            self._shared_pass(now, decisions, reasons)
         else:
             self._portal_pass(now, decisions, reasons, quick=not explain)
         for pool in self.pools.values():
             pool.release_held()
+        self.held_quota.clear()
+        self.held_until.clear()
         if explain:
             self._explain(now, decisions, reasons)
         return decisions
@@ -260,6 +272,7 @@ class Engine:
         queue.remove((-workload.priority, workload.seq, workload.key))
         started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
         self.admitted_now.add(workload.key)
+        self.ledger.repaid(workload.workspace, workload.gpu_type, units_of(workload.total_gpus))
         self._start(_Running(started, pool, placed, units_of(workload.total_gpus)))
         placement = tuple(
             ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
@@ -275,15 +288,32 @@ class Engine:
             placed = pool.place(share, workload.replicas)
             if placed is not None:
                 return pool, placed
+        for pool in self._pools_for(workload):  # backfill: held nodes, for work that leaves them in time
+            if pool.held and self._ends_by(workload, self.held_until.get((pool.cluster, pool.gpu_type))):
+                placed = pool.place_on_held_too(share, workload.replicas)
+                if placed is not None:
+                    return pool, placed
         return None
 
+    def _ends_by(self, workload: Workload, moment: float | None) -> bool:
+        """Whether `workload`, started now, is sure to end by `moment`: its declared limit says so."""
+        limit = workload.max_runtime_s
+        return moment is not None and limit is not None and (self.clock or 0.0) + limit <= moment
+
     def _try_admit(self, workload: Workload, decisions: Decisions) -> tuple[str, str]:
-        """Admit the workload if quota and placement fit; otherwise ("quota" or "placement", why not)."""
+        """Admit the workload if quota and placement fit; otherwise ("quota", "placement" or "held", why
+        not): "held" when a starving gang of its workspace is owed the quota first."""
         if units_of(workload.gpus_per_replica) == 0:
             self._admit(workload, None, [], 0, decisions)
             return "", ""
+        held = self.held_quota.get((workload.workspace, workload.gpu_type))
+        if held is not None and held[0] != workload.key and not self._ends_by(workload, held[1]):
+            return "held", (
+                f"waiting behind gang {held[0]}: it has waited longest, and workspace {workload.workspace}'s "
+                f"{workload.gpu_type} quota goes to it first"
+            )
         units = units_of(workload.total_gpus)
-        fits, borrowed, reason = self.ledger.check(workload, units)
+        fits, borrowed, reason = (True, 0, "") if self.shared else self.ledger.check(workload, units)
         if not fits:
             return "quota", reason
         found = self._try_place(workload)
@@ -327,6 +357,17 @@ class Engine:
                     reasons[key] = reason
                     break  # the queue blocks at its first workload that does not fit
 
+    def _shared_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
+        for workload in self._line()[: self.policy.max_scan]:
+            if workload.eligible_at > now:
+                reasons[workload.key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
+                continue
+            kind, reason = self._try_admit(workload, decisions)
+            if kind:
+                reasons[workload.key] = reason
+                if self._starving(workload):
+                    self._hold_for(workload, kind, reason, reasons)
+
     def _portal_pass(self, now: float, decisions: Decisions, reasons: dict[str, str], quick: bool = False) -> None:
         """Progressive filling: the workspace furthest below its fair share goes next.
 
@@ -334,6 +375,7 @@ class Engine:
         workload does not block the ones behind it (backfill), except that a gang blocked for
         longer than `starvation_s` has the best nodes for it held back from smaller work.
         """
+        self.ledger.forget_owed()
         cursor: dict[str, int] = {}
         heap: list[tuple[int, float, str]] = []
         for name, queue in self.queues.items():
@@ -362,7 +404,11 @@ class Engine:
                 cursor[name] = position + 1
             else:
                 kind, reason = self._try_admit_unless_blocked(workload, decisions, blocked)
-                if kind and preemption_tries > 0 and self.preemption.may_preempt_for(workload):
+                if (
+                    kind in ("quota", "placement")
+                    and preemption_tries > 0
+                    and self.preemption.may_preempt_for(workload)
+                ):
                     preemption_tries -= 1
                     if self._preempt_for(workload, now, decisions):
                         kind = reason = ""
@@ -370,8 +416,10 @@ class Engine:
                             blocked.clear()  # the evictions gave quota back
                 if kind:
                     reasons[key] = reason
-                    if kind == "placement":
-                        self._maybe_hold(workload, now, reason, reasons)
+                    if kind == "quota":
+                        self._owe(workload)
+                    if kind != "held" and self._starving(workload):
+                        self._hold_for(workload, kind, reason, reasons)
                     cursor[name] = position + 1
                     refused[name] += 1
             if cursor[name] < len(items) and refused[name] < slice_:
@@ -383,13 +431,34 @@ class Engine:
         workload = self.pending[key]
         units = units_of(workload.total_gpus)
         within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
-        waited = (self.clock or 0.0) - workload.submitted_at
-        starving = (workload.replicas > 1 or units > UNIT) and waited >= self.policy.starvation_s
-        return (2 * (0 if within else 1) + (0 if starving else 1), self._share(name), name)
+        return (2 * (0 if within else 1) + (0 if self._starving(workload) else 1), self._share(name), name)
 
-    def _maybe_hold(self, workload: Workload, now: float, reason: str, reasons: dict[str, str]) -> None:
-        """Keep smaller work off the nodes a long-blocked gang needs, so it is not starved forever."""
-        if now - workload.submitted_at < self.policy.starvation_s:
+    def _starving(self, workload: Workload) -> bool:
+        """A gang (several replicas, or more than one GPU) blocked for `starvation_s` or longer."""
+        gang = workload.replicas > 1 or units_of(workload.gpus_per_replica) > UNIT
+        return gang and (self.clock or 0.0) - workload.submitted_at >= self.policy.starvation_s
+
+    def _owe(self, workload: Workload) -> None:
+        """Quota refused work: within its nominal quota, what borrowers give back is its own first;
+        a starving gang that must borrow has the cohort's idle quota kept for it from other borrowers."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        units, used, nominal = (
+            units_of(workload.total_gpus),
+            self.ledger.used[name, gpu_type],
+            self.ledger.nominal(name, gpu_type),
+        )
+        if used + units <= nominal or (units <= nominal and self._starving(workload)):
+            self.ledger.owe(name, gpu_type, units)
+
+    def _hold_for(self, workload: Workload, kind: str, reason: str, reasons: dict[str, str]) -> None:
+        """A starving gang: keep smaller work of its workspace off the quota it waits for, or all
+        smaller work off the nodes it waits for, except work declared to end before those free up."""
+        quota_key = (workload.workspace, workload.gpu_type)
+        if kind == "quota":
+            # Within its nominal quota, its workspace's own work gives the quota back to it as it ends
+            # (and what borrowers hold is owed to it). A gang that must borrow has nothing kept for it.
+            if quota_key not in self.held_quota and units_of(workload.total_gpus) <= self.ledger.nominal(*quota_key):
+                self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
             return
         share = units_of(workload.gpus_per_replica)
         for pool in self._pools_for(workload):
@@ -402,8 +471,21 @@ class Engine:
                 continue
             for node in chosen:
                 pool.hold(node)
+            names = {node.name for node in chosen}
+            on_them = (r for r in self.running.values() if r.pool is pool and any(n.name in names for n, _ in r.held))
+            self.held_until[pool.cluster, pool.gpu_type] = self._declared_end(on_them)
             reasons[workload.key] = f"{reason}; holding {len(chosen)} node(s) for it while work there finishes"
             return
+
+    def _declared_end(self, running: Iterable[_Running]) -> float | None:
+        """When all of `running` will have ended by their declared limits; None if one has none."""
+        end = self.clock or 0.0
+        for item in running:
+            limit, started = item.workload.max_runtime_s, item.workload.started_at
+            if limit is None or started is None:
+                return None
+            end = max(end, started + limit)
+        return end
 
     # -- preemption --------------------------------------------------------------------------------
 

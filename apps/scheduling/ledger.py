@@ -19,6 +19,11 @@ class Ledger:
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.nominal_of: dict[tuple[str, str], int] = {}
         self.limits_of: dict[tuple[str, str], tuple[int, int | None, int | None]] = {}
+        # Quota owed to owners whose work within their nominal quota waits while it is lent: not lent
+        # again, so that what borrowers give back goes to the owner first. Per (cohort, type) and per
+        # (workspace, type); set anew in every pass (see owe).
+        self.owed: dict[tuple[str, str], int] = defaultdict(int)
+        self.owed_by: dict[tuple[str, str], int] = defaultdict(int)
 
     def workspace(self, name: str) -> WorkspaceInfo:
         return self.workspaces.get(name) or WorkspaceInfo(name)
@@ -73,7 +78,33 @@ class Ledger:
         own_lend, own_borrowed = self._contribution(name, gpu_type, self.used[name, gpu_type])
         others_lend = self.lend[ws.cohort, gpu_type] - own_lend
         others_borrowed = self.borrowed[ws.cohort, gpu_type] - own_borrowed
-        return max(0, others_lend - others_borrowed)
+        others_owed = self.owed[ws.cohort, gpu_type] - self.owed_by[name, gpu_type]
+        return max(0, others_lend - others_borrowed - others_owed)
+
+    def owe(self, name: str, gpu_type: str, units: int) -> None:
+        """`name` waits for `units` of its nominal quota that borrowers hold: until the pass ends, that
+        much of what it has idle is not lent again (at most all it has idle to lend)."""
+        cohort = self.workspace(name).cohort
+        if cohort is None or not self.borrowing:
+            return
+        idle = self._contribution(name, gpu_type, self.used[name, gpu_type])[0]
+        more = min(units, idle - self.owed_by[name, gpu_type])
+        if more > 0:
+            self.owed_by[name, gpu_type] += more
+            self.owed[cohort, gpu_type] += more
+
+    def repaid(self, name: str, gpu_type: str, units: int) -> None:
+        """`name` was admitted work of `units`: that much of what it was owed is no longer owed."""
+        owed = self.owed_by.get((name, gpu_type), 0)
+        if owed:
+            paid = min(owed, units)
+            self.owed_by[name, gpu_type] -= paid
+            self.owed[self.workspace(name).cohort or "", gpu_type] -= paid
+
+    def forget_owed(self) -> None:
+        """A new pass: what is owed is worked out again from the queues."""
+        self.owed.clear()
+        self.owed_by.clear()
 
     def may_borrow(self, name: str, gpu_type: str) -> int:
         """The most a workspace may hold beyond its nominal quota now: none unless it may borrow, then

@@ -78,6 +78,17 @@ class Pool:
             self.buckets[node.whole][node.name] = node
         self.held.clear()
 
+    def place_on_held_too(self, share: int, replicas: int) -> list[tuple[PoolNode, list[tuple[int, int]]]] | None:
+        """`place`, with the held nodes open to it as well (backfill that ends before their gang
+        could start); they stay held."""
+        held = list(self.held.values())
+        self.release_held()
+        try:
+            return self.place(share, replicas)
+        finally:
+            for node in held:
+                self.hold(node)
+
     def _whole_candidates(self, count: int) -> list[PoolNode]:
         order = range(self.max_devices, count - 1, -1) if self.spread else range(count, self.max_devices + 1)
         for whole in order:

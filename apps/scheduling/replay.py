@@ -1,9 +1,11 @@
 """Replay a job trace through the scheduling engine in simulated time.
 
 Part of the pure scheduling core: no Django. The engine is fed submissions and completions as
-they happen on the trace's clock (nothing sleeps); a cycle runs only at timestamps where
-something happened. The replay keeps its own books, independently of the engine, to count
-quota violations and partial gangs.
+they happen on the trace's clock (nothing sleeps). As in the portal, a cycle runs when work
+arrives or ends and then every `--interval-s` while work is pending; a periodic cycle in which
+nothing arrived, ended or reached a rule of time (a victim's `min_runtime_s`, a gang's
+`starvation_s`) would decide exactly as the one before it, so it is skipped. The replay keeps its
+own books, independently of the engine, to count quota violations and partial gangs.
 
     python -m apps.scheduling.replay --trace jobs.csv --quotas quotas.csv \\
         --gpus-per-node 8 --policy portal --json out.json
@@ -22,7 +24,7 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from pathlib import Path
 from statistics import median
@@ -49,14 +51,14 @@ CLUSTER = "trace"
 COHORT = "all"
 HUNDREDTH = Decimal("0.01")
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
-QUOTA_COLUMNS = ("team", "gpus")
+QUOTA_COLUMNS = ("team", "gpus")  # and optionally "cohort": teams lend to and borrow from their cohort
 METRIC_KEYS = (
     "jobs", "avg_jct_s", "avg_duration_s", "p50_wait_s", "p95_wait_s", "p99_wait_s", "gpu_utilization",
     "makespan_s", "jain_fairness_across_teams", "quota_violations", "partial_gangs", "preemptions", "rejected",
     "decisions", "engine_cpu_s", "admissions_per_s", "estimated_starts", "unknown_starts", "p50_estimate_error_s",
-    "p90_estimate_error_s", "estimate_cpu_s",
+    "p90_estimate_error_s", "estimate_cpu_s", "per_workspace",
 )  # fmt: skip
-ESTIMATE_KEYS = METRIC_KEYS[-5:]  # null unless --estimates
+ESTIMATE_KEYS = METRIC_KEYS[-6:-1]  # null unless --estimates
 
 
 class TraceError(Exception):
@@ -83,6 +85,8 @@ class Options:
     checkpoint_interval_s: float = 1800.0  # 0: no checkpoints, a preempted job starts over
     restart_cost_s: float = 120.0  # added to every resumed run
     estimates: bool = False  # record estimated starts and check them against the actual ones
+    interval_s: float = 2.0  # the portal's PORTAL_SCHEDULER_INTERVAL_S
+    cohorts: dict[str, str | None] | None = None  # per team, from the quotas file; None: one cohort of all
 
 
 def _number(row: dict[str, str], column: str, where: str, *, positive: bool = False) -> Decimal:
@@ -131,8 +135,17 @@ def read_trace(path: Path) -> list[Job]:
     return jobs
 
 
+def read_cohorts(path: Path) -> dict[str, str | None] | None:
+    """Each team's cohort from the quotas file's optional cohort column (empty: none, so it neither
+    lends nor borrows); None if the file has no such column (all teams in one cohort)."""
+    rows = _rows(path, QUOTA_COLUMNS)
+    if not rows or "cohort" not in rows[0][1]:
+        return None
+    return {(row.get("team") or "").strip(): (row.get("cohort") or "").strip() or None for _, row in rows}
+
+
 def read_quotas(path: Path) -> dict[str, int]:
-    """Whole GPUs per team; columns team,gpus."""
+    """Whole GPUs per team; columns team,gpus[,cohort]."""
     quotas: dict[str, int] = {}
     for where, row in _rows(path, QUOTA_COLUMNS):
         team = (row.get("team") or "").strip()
@@ -177,18 +190,24 @@ def build_nodes(total_gpus: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
     return tuple(nodes)
 
 
-def build_workspaces(quotas: dict[str, int], teams: set[str], policy: Policy) -> tuple[WorkspaceInfo, ...]:
-    """One workspace per team. Under portal all are in one cohort and may borrow its idle quota."""
+def build_workspaces(
+    quotas: dict[str, int], teams: set[str], policy: Policy, cohorts: dict[str, str | None] | None = None
+) -> tuple[WorkspaceInfo, ...]:
+    """One workspace per team. Under portal each team is in its cohort (all in one unless the quotas
+    file says otherwise) and may borrow the cohort's idle quota."""
     portal = policy.name == "portal"
-    return tuple(
-        WorkspaceInfo(
-            team,
-            (Quota(GPU_TYPE, Decimal(quotas[team])),) if team in quotas else (),
-            cohort=COHORT if portal else None,
-            can_borrow=portal,
-        )
-        for team in sorted(set(quotas) | teams)
-    )
+    workspaces = []
+    for team in sorted(set(quotas) | teams):
+        cohort = cohort_of(team, cohorts) if portal else None
+        quota = (Quota(GPU_TYPE, Decimal(quotas[team])),) if team in quotas else ()
+        workspaces.append(WorkspaceInfo(team, quota, cohort=cohort, can_borrow=cohort is not None))
+    return tuple(workspaces)
+
+
+def cohort_of(team: str, cohorts: dict[str, str | None] | None) -> str | None:
+    """A team's cohort: one cohort of all without a cohort column; else its own (a team that is not in
+    the quotas file has none)."""
+    return COHORT if cohorts is None else cohorts.get(team)
 
 
 # --- The replay's own books -----------------------------------------------------------------------
@@ -197,9 +216,18 @@ def build_workspaces(quotas: dict[str, int], teams: set[str], policy: Policy) ->
 class Audit:
     """What the engine admitted, checked without trusting it: quota use and device allocation."""
 
-    def __init__(self, quotas: dict[str, int], nodes: tuple[NodeInfo, ...], borrowing: bool):
+    def __init__(
+        self,
+        quotas: dict[str, int],
+        nodes: tuple[NodeInfo, ...],
+        borrowing: bool,
+        cohorts: dict[str, str | None] | None = None,
+        enforced: bool = True,
+    ):
         self.nominal = {team: gpus * UNIT for team, gpus in quotas.items()}
         self.borrowing = borrowing
+        self.cohorts = cohorts
+        self.enforced = enforced  # the shared policy has no quotas: nothing to violate
         self.used: dict[str, int] = defaultdict(int)
         self.devices = {n.name: [UNIT] * len(n.devices) for n in nodes}  # free hundredths per device
         self.quota_violations = 0
@@ -221,15 +249,21 @@ class Audit:
                     free[index] += units_of(share)
 
     def _quota_ok(self, team: str) -> bool:
-        """Without borrowing nobody exceeds its quota; with it (one cohort, no limits) what teams use
-        above their quotas must be covered by what the other teams leave idle of theirs."""
+        """Without borrowing nobody exceeds its quota; with it (no limits) what a cohort's teams use
+        above their quotas must be covered by what the cohort's other teams leave idle of theirs, and
+        a team without a cohort never exceeds its quota."""
+        if not self.enforced:
+            return True
         over = self.used[team] - self.nominal.get(team, 0)
         if over <= 0:
             return True
-        if not self.borrowing:
+        cohort = cohort_of(team, self.cohorts)
+        if not self.borrowing or cohort is None:
             return False
         borrowed = idle = 0
         for name in self.nominal.keys() | self.used.keys():
+            if cohort_of(name, self.cohorts) != cohort:
+                continue
             balance = self.used.get(name, 0) - self.nominal.get(name, 0)
             if balance > 0:
                 borrowed += balance
@@ -281,9 +315,10 @@ class Replay:
     def __init__(self, jobs: list[Job], quotas: dict[str, int], options: Options):
         self.options = options
         self.nodes = build_nodes(sum(quotas.values()), options.gpus_per_node)
-        workspaces = build_workspaces(quotas, {j.team for j in jobs}, options.policy)
+        workspaces = build_workspaces(quotas, {j.team for j in jobs}, options.policy, options.cohorts)
         self.engine = Engine(workspaces, self.nodes, options.policy)
-        self.audit = Audit(quotas, self.nodes, borrowing=options.policy.name == "portal")
+        portal = options.policy.name == "portal"
+        self.audit = Audit(quotas, self.nodes, portal, options.cohorts, enforced=options.policy.name != "shared")
         self.jobs = jobs
         # Each team's queue follows submit time (ties: the file's order), as the portal's does.
         by_submit = sorted(jobs, key=lambda j: (j.submit_s, j.seq))
@@ -360,10 +395,14 @@ class Replay:
             self._wake_at(progress.job.submit_s + self.options.policy.starvation_s, now)
 
     def _wake_at(self, moment: float, now: float) -> None:
-        """A cycle then even if no job arrives or ends: the portal's own loop would run one within
-        seconds, and a rule of time (a victim's min_runtime_s, a gang's starvation_s) expires."""
-        if self.options.policy.name == "portal" and moment > now:
-            heapq.heappush(self.wakeups, moment)
+        """A cycle at the portal loop's first periodic cycle from `moment`, when a rule of time (a
+        victim's min_runtime_s, a gang's starvation_s) expires, even if no job arrives or ends."""
+        if self.options.policy.name == "fifo" or moment <= now:
+            return
+        interval = self.options.interval_s
+        if interval > 0:
+            moment = math.ceil(moment / interval) * interval
+        heapq.heappush(self.wakeups, moment)
 
     def _finish(self, job_id: str, now: float) -> None:
         progress = self.progress[job_id]
@@ -494,7 +533,29 @@ def compute_metrics(replay: Replay) -> dict[str, Any]:
         "admissions_per_s": counts["admitted"] / cpu if cpu > 0 else 0.0,
         **estimate_metrics(replay),
     }
-    return {key: round(value, 6) if isinstance(value, float) else value for key, value in result.items()}
+    result = {key: round(value, 6) if isinstance(value, float) else value for key, value in result.items()}
+    result["per_workspace"] = per_workspace(replay)
+    return result
+
+
+def per_workspace(replay: Replay) -> dict[str, dict[str, Any]]:
+    """Per team: its jobs and how long they waited for their first start (jobs that started)."""
+    waits: dict[str, list[float]] = defaultdict(list)
+    jobs: dict[str, int] = defaultdict(int)
+    for job_id, progress in replay.progress.items():
+        jobs[progress.job.team] += 1
+        if job_id in replay.first_start:
+            waits[progress.job.team].append(replay.first_start[job_id] - progress.job.submit_s)
+    result = {}
+    for team in sorted(jobs):
+        values = sorted(waits[team])
+        result[team] = {
+            "jobs": jobs[team],
+            "mean_wait_s": round(sum(values) / len(values), 6) if values else 0.0,
+            "p95_wait_s": round(percentile(values, 0.95), 6),
+            "max_wait_s": round(values[-1], 6) if values else 0.0,
+        }
+    return result
 
 
 def estimate_metrics(replay: Replay) -> dict[str, Any]:
@@ -526,11 +587,10 @@ The JSON keys are defined in docs/scheduler.md ("Metrics").
 """
 
 
-# The portal policy the replay uses unless told otherwise; docs/benchmarks.md shows how the Philly
-# figures move with each knob. min_runtime_s is 2 hours, not the portal's 10 minutes: fewer
-# evictions of work that has barely checkpointed. max_scan and max_preemption_tries bound the work
-# of each of the replay's many cycles (the portal's own bounds move the Philly figures < 1%).
-PORTAL = Policy(name="portal", max_scan=256, starvation_s=3600.0, min_runtime_s=7200.0, max_preemption_tries=8)
+# The portal policy the replay uses unless told otherwise: the portal's own limits (max_scan,
+# max_preemption_tries), except min_runtime_s, 2 hours, not the portal's 10 minutes: fewer evictions
+# of work that has barely checkpointed. docs/benchmarks.md shows how the Philly figures move with it.
+PORTAL = Policy(name="portal", starvation_s=3600.0, min_runtime_s=7200.0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -544,11 +604,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace", type=Path, required=True, help="CSV: job_id,submit_time_s,duration_s,num_gpus,team[,status]"
     )
-    p.add_argument("--quotas", type=Path, required=True, help="CSV: team,gpus; the cluster is their sum")
+    p.add_argument("--quotas", type=Path, required=True, help="CSV: team,gpus[,cohort]; the cluster is the sum of gpus")
     p.add_argument(
         "--gpus-per-node", type=int, default=defaults.gpus_per_node, help="GPUs per node (default %(default)s)"
     )
-    p.add_argument("--policy", choices=("fifo", "portal"), default="portal", help="default %(default)s")
+    p.add_argument(
+        "--policy",
+        choices=("fifo", "portal", "shared"),
+        default="portal",
+        help="fifo: per-team quota and queue; shared: one queue, no quotas, backfill; default %(default)s",
+    )
+    p.add_argument(
+        "--interval-s",
+        type=float,
+        default=defaults.interval_s,
+        help="the scheduling period: a cycle every this many seconds while work waits (default %(default)s)",
+    )
     p.add_argument("--json", required=True, metavar="OUT", help="where to write the metrics; - for stdout")
     p.add_argument(
         "--checkpoint-interval-s",
@@ -609,19 +680,28 @@ def options_from(args: argparse.Namespace) -> Options:
         value = getattr(args, name)
         if value is not None and value < least:
             raise TraceError(f"--{name.replace('_', '-')} must be at least {least}")
-    for name in ("checkpoint_interval_s", "restart_cost_s", "starvation_s", "min_runtime_s", "half_life_s"):
+    for name in (
+        "checkpoint_interval_s",
+        "restart_cost_s",
+        "starvation_s",
+        "min_runtime_s",
+        "half_life_s",
+        "interval_s",
+    ):
         value, above = getattr(args, name), name == "half_life_s"
         if not math.isfinite(value) or value < 0 or (above and value == 0):
             raise TraceError(f"--{name.replace('_', '-')} must be a finite number {'above' if above else 'at least'} 0")
-    if args.policy == "fifo":
-        policy = Policy(name="fifo", preemption=False)
+    if args.policy in ("fifo", "shared"):
+        policy = Policy(name=args.policy, preemption=False, starvation_s=args.starvation_s)
     else:
         policy = Policy(
             name="portal", max_scan=args.max_scan, starvation_s=args.starvation_s, min_runtime_s=args.min_runtime_s,
             half_life_s=args.half_life_s, max_preemption_tries=args.max_preemption_tries,
             preemption=not args.no_preemption,
         )  # fmt: skip
-    return Options(args.gpus_per_node, policy, args.checkpoint_interval_s, args.restart_cost_s, args.estimates)
+    return Options(
+        args.gpus_per_node, policy, args.checkpoint_interval_s, args.restart_cost_s, args.estimates, args.interval_s
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -633,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs = sorted(jobs, key=lambda j: j.seq)[: args.limit]
             jobs.sort(key=lambda j: (j.submit_s, j.seq))
         quotas = read_quotas(args.quotas)
+        options = replace(options, cohorts=read_cohorts(args.quotas))
     except TraceError as error:
         print(f"replay: error: {error}", file=sys.stderr)
         return 2

@@ -107,7 +107,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Policy:
-    name: Literal["portal", "fifo"] = "portal"
+    name: Literal["portal", "fifo", "shared"] = "portal"
     placement: Literal["binpack", "spread"] = "binpack"
     placement_by_cluster: tuple[tuple[str, str], ...] = ()  # (cluster, "binpack" | "spread") overrides
     half_life_s: float = 7 * 86400.0  # fair share: how fast past use is forgotten

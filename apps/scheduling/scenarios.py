@@ -1,0 +1,281 @@
+"""Adversarial scenarios for the scheduler's guarantees, replayed in simulated time.
+
+Part of the pure scheduling core: no Django. Each scenario is a small cluster, quotas and a trace
+built to break one promise of docs/scheduler.md ("Guarantees"): a protected workspace submits
+work that the promise covers, and others submit the work most likely to keep it waiting. The
+tests (tests/scheduling/test_guarantees.py) check each bound; the benchmark (bench/scenarios.py)
+reports each scenario's figures under every policy.
+
+    python -m apps.scheduling.scenarios            # every scenario, every policy, as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from apps.scheduling.replay import PORTAL, Job, Options, Replay
+from apps.scheduling.types import Policy
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    quotas: dict[str, int]  # team: GPUs; the cluster is their sum, in nodes of 8
+    cohorts: dict[str, str | None] | None  # None: all teams in one cohort
+    jobs: tuple[Job, ...]
+    protected: frozenset[str]  # the ids of the jobs the promise is about
+    # The promised bound on the protected team's wait, in seconds, under a policy.
+    bound: Callable[[Policy, float], float]
+
+
+class _Trace:
+    """Jobs in the order they are added; ids and file order follow."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.protected: set[str] = set()
+
+    def add(
+        self, team: str, at: float, duration: float, gpus: str | int, count: int = 1, protected: bool = False
+    ) -> None:
+        for _ in range(count):
+            n = len(self.jobs)
+            self.jobs.append(Job(f"{team}-{n}", at, duration, Decimal(str(gpus)), team, n))
+            if protected:
+                self.protected.add(f"{team}-{n}")
+
+    def stream(
+        self, team: str, start: float, end: float, every: float, durations: list[float], gpus: str | int
+    ) -> None:
+        """A job every `every` seconds from `start` to `end`, durations taken in turn."""
+        at, i = start, 0
+        while at < end:
+            self.add(team, at, durations[i % len(durations)], gpus)
+            at += every
+            i += 1
+
+    def done(self) -> tuple[Job, ...]:
+        return tuple(sorted(self.jobs, key=lambda j: (j.submit_s, j.seq)))
+
+
+def reclaim_bound(policy: Policy, interval: float) -> float:
+    """Nominal quota comes back within min_runtime_s plus one period."""
+    return policy.min_runtime_s + interval
+
+
+def _flood_then_reclaim_small() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 40 * HOUR, 1, count=64)  # 16 GPUs taken, 8 of them the owner's
+    t.add("owner", 1 * HOUR, 4 * HOUR, 1, count=8, protected=True)
+    return Scenario(
+        "flood-reclaim-small",
+        "a borrower floods the cluster with long 1-GPU jobs; the owner then asks for its 8 GPUs as 8 jobs",
+        {"owner": 8, "borrower": 8},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _flood_then_reclaim_stream() -> Scenario:
+    t = _Trace()
+    # About 24 short jobs in flight for 16 GPUs: whatever ends is wanted again at once.
+    t.stream("borrower", 0, 72 * HOUR, 300, [1.5 * HOUR, 2 * HOUR, 1 * HOUR], 1)
+    t.add("owner", 24 * HOUR, 6 * HOUR, 8, protected=True)
+    return Scenario(
+        "flood-reclaim-short-stream",
+        "a borrower keeps a stream of short 1-GPU jobs going; at hour 24 the owner asks for one 8-GPU job",
+        {"owner": 8, "borrower": 8},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        _gang_bound(2 * HOUR),
+    )
+
+
+def _flood_then_reclaim_gangs() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 50 * HOUR, 16, count=6)  # 2-node gangs over all 8 nodes
+    t.add("owner", 24 * HOUR, 6 * HOUR, 8, count=4, protected=True)
+    t.add("owner", 24 * HOUR, 6 * HOUR, 32, protected=True)
+    return Scenario(
+        "flood-reclaim-big-gangs",
+        "a borrower holds the cluster with 16-GPU gangs; the owner asks for 4 x 8 GPUs and a 32-GPU gang",
+        {"owner": 64, "borrower": 0},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _reclaim_spread() -> Scenario:
+    t = _Trace()
+    # 1-GPU jobs over every node, none of them idle: a 32-GPU gang needs victims on 4 whole nodes.
+    t.add("borrower", 0, 60 * HOUR, 1, count=64)
+    t.add("owner", 24 * HOUR, 6 * HOUR, 32, protected=True)
+    return Scenario(
+        "reclaim-gang-over-spread-jobs",
+        "a borrower's 1-GPU jobs cover every node; the owner asks for a 32-GPU gang within its quota",
+        {"owner": 32, "borrower": 32},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _gang_bound(longest: float) -> Callable[[Policy, float], float]:
+    def bound(policy: Policy, interval: float) -> float:
+        """Work of several GPUs in one shape: its quota back within min_runtime_s, its nodes held from
+        starvation_s and drained within the longest runtime of the work there; plus one period."""
+        return max(policy.min_runtime_s, policy.starvation_s + longest) + interval
+
+    return bound
+
+
+def _gangs_in_stream_one_team() -> Scenario:
+    t = _Trace()
+    t.stream("team", 0, 96 * HOUR, 150, [2 * HOUR, 3 * HOUR, 1 * HOUR], 1)  # 3/4 of the cluster on average
+    for hour in (10, 40, 70):
+        t.add("team", hour * HOUR, 4 * HOUR, 64, protected=True)
+    return Scenario(
+        "gangs-in-a-stream-one-team",
+        "one team owns the cluster and runs a 1-GPU stream that keeps it busy; three 64-GPU gangs arrive",
+        {"team": 64},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        _gang_bound(3 * HOUR),
+    )
+
+
+def _gangs_in_stream_borrowing() -> Scenario:
+    t = _Trace()
+    t.stream("borrower", 0, 96 * HOUR, 120, [2 * HOUR, 3 * HOUR, 1 * HOUR], 1)
+    for hour in (10, 40, 70):
+        t.add("owner", hour * HOUR, 4 * HOUR, 32, protected=True)
+    return Scenario(
+        "gangs-in-a-borrowed-stream",
+        "a borrower's 1-GPU stream keeps the cluster full; the owner's 32-GPU gangs fit its quota",
+        {"owner": 32, "borrower": 32},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        _gang_bound(3 * HOUR),
+    )
+
+
+def _no_quota() -> Scenario:
+    t = _Trace()
+    t.add("guest", 0, 30 * HOUR, 1, count=32)  # no quota: all of it borrowed
+    t.add("owner", 2 * HOUR, 5 * HOUR, 8, count=2, protected=True)
+    t.add("member", 3 * HOUR, 5 * HOUR, 1, count=16)
+    return Scenario(
+        "workspace-without-quota",
+        "a workspace without quota borrows the whole cluster; both owners take theirs back",
+        {"owner": 16, "member": 16},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _blocked_queue() -> Scenario:
+    t = _Trace()
+    t.add("blocked", 0, 20 * HOUR, 8)  # its whole quota, then 300 jobs that cannot fit it
+    t.add("blocked", 1, 2 * HOUR, 4, count=300)
+    t.add("small", 60, 1 * HOUR, 1, protected=True)
+    return Scenario(
+        "blocked-queue",
+        "a workspace without borrowing has 300 jobs beyond its quota; another's 1-GPU job must not wait on them",
+        {"blocked": 8, "small": 8},
+        {"blocked": None, "small": None},
+        t.done(),
+        frozenset(t.protected),
+        lambda policy, interval: interval,
+    )
+
+
+def _fractions() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 30 * HOUR, "0.5", count=20)
+    t.add("borrower", 0, 30 * HOUR, "0.25", count=24)
+    t.add("borrower", 0, 30 * HOUR, 1, count=4)
+    t.add("owner", 3 * HOUR, 5 * HOUR, "0.25", count=8, protected=True)
+    t.add("owner", 3 * HOUR, 5 * HOUR, "0.5", count=4, protected=True)
+    t.add("owner", 3 * HOUR, 5 * HOUR, 1, count=2, protected=True)
+    return Scenario(
+        "fractions",
+        "halves and quarters of GPUs mixed with whole GPUs; the owner reclaims 6 GPUs' worth of shares",
+        {"owner": 8, "borrower": 8},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+SCENARIOS: tuple[Callable[[], Scenario], ...] = (
+    _flood_then_reclaim_small, _flood_then_reclaim_stream, _flood_then_reclaim_gangs, _reclaim_spread,
+    _gangs_in_stream_one_team, _gangs_in_stream_borrowing, _no_quota, _blocked_queue, _fractions,
+)  # fmt: skip
+
+POLICIES = ("portal", "fifo", "shared")
+
+
+def policy_named(name: str) -> Policy:
+    if name == "portal":
+        return PORTAL
+    return Policy(name=name, preemption=False, starvation_s=PORTAL.starvation_s)  # type: ignore[arg-type]
+
+
+def run(scenario: Scenario, policy_name: str = "portal", interval_s: float = 2.0) -> dict[str, Any]:
+    """Replay one scenario: the protected team's waits against the promised bound, and the rest."""
+    policy = policy_named(policy_name)
+    options = replace(Options(), policy=policy, interval_s=interval_s, cohorts=scenario.cohorts)
+    replay = Replay(list(scenario.jobs), scenario.quotas, options)
+    metrics = replay.run()
+    waits = [
+        replay.first_start[j] - replay.progress[j].job.submit_s for j in scenario.protected if j in replay.first_start
+    ]
+    unstarted = len(scenario.protected) - len(waits)  # rejected: a hard quota can never hold them
+    bound = scenario.bound(PORTAL, interval_s)
+    worst = max(waits, default=0.0)
+    return {
+        "scenario": scenario.name,
+        "policy": policy_name,
+        "bound_s": bound,
+        "protected_jobs": len(scenario.protected),
+        "protected_rejected": unstarted,
+        "protected_max_wait_s": worst,
+        "protected_mean_wait_s": round(sum(waits) / len(waits), 1) if waits else 0.0,
+        "within_bound": worst <= bound and not unstarted,
+        "victims": metrics["preemptions"],
+        "avg_jct_s": metrics["avg_jct_s"],
+        "rejected": metrics["rejected"],
+        "quota_violations": metrics["quota_violations"],
+        "partial_gangs": metrics["partial_gangs"],
+        "engine_cpu_s": metrics["engine_cpu_s"],
+    }
+
+
+def main() -> int:
+    results = [run(make(), policy) for make in SCENARIOS for policy in POLICIES]
+    json.dump(results, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
