@@ -23,7 +23,7 @@ Quantities are kept internally in hundredths of a GPU (ints), so fractional GPUs
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
@@ -66,6 +66,35 @@ class _Queue:
     """One workspace's pending workloads, in (priority, submission) order."""
 
     items: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, seq, key)
+    shapes: Counter[Shape] = field(default_factory=Counter)  # how many of each shape it holds
+    gangs_since: list[float] = field(default_factory=list)  # the gangs' submission times, in order
+
+    def add(self, workload: Workload) -> None:
+        insort(self.items, (-workload.priority, workload.seq, workload.key))
+        self.shapes[shape_of(workload)] += 1
+        if is_gang(workload):
+            insort(self.gangs_since, workload.submitted_at)
+
+    def remove(self, workload: Workload) -> None:
+        self.items.remove((-workload.priority, workload.seq, workload.key))
+        shape = shape_of(workload)
+        self.shapes[shape] -= 1
+        if not self.shapes[shape]:
+            del self.shapes[shape]
+        if is_gang(workload):
+            del self.gangs_since[bisect_left(self.gangs_since, workload.submitted_at)]
+
+
+Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, hundredths per replica, replicas
+
+
+def shape_of(workload: Workload) -> Shape:
+    return (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)
+
+
+def is_gang(workload: Workload) -> bool:
+    """Several replicas, or more than one GPU: what may starve behind smaller work."""
+    return workload.replicas > 1 or workload.replica_units > UNIT
 
 
 # --- The engine ----------------------------------------------------------------------------------
@@ -107,6 +136,7 @@ class Engine:
             for gpu_type, gpu_seconds in ws.history:
                 self.history[ws.name, gpu_type] = gpu_seconds
         self.clock: float | None = None
+        self.shares: dict[str, float] = {}  # see _share
         self.running: dict[str, _Running] = {}
         self.running_by: dict[tuple[str, str], dict[str, _Running]] = defaultdict(dict)  # (workspace, type)
         self.priorities: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)  # of running, per same key
@@ -119,6 +149,12 @@ class Engine:
         # (gang key, latest declared end of what it waits for); and pools' held nodes, the same end.
         self.held_quota: dict[tuple[str, str], tuple[str, float | None]] = {}
         self.held_until: dict[tuple[str, str], float | None] = {}  # per pool (cluster, type)
+        # Shapes no placement was found for in the current pass, per (GPU type, cluster asked for), as
+        # (hundredths per replica, replicas): a shape at least as large in both fits no better, until
+        # evictions give devices back (see _unplaceable).
+        self.unplaceable: dict[tuple[str, str | None], list[tuple[int, int]]] = defaultdict(list)
+        self.memos = 0  # changes with what a pass knows of refusals: see _nothing_fits
+        self.fits_something: dict[str, tuple[int, int, bool]] = {}
         self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
 
     # -- feeding it --------------------------------------------------------------------------------
@@ -134,12 +170,13 @@ class Engine:
                     continue
                 positions = {index: p for p, index in enumerate(node.indexes)}
                 held.append((node, [(positions[i], units_of(s)) for i, s in replica.devices if i in positions]))
-        self._start(_Running(workload, pool, held, units_of(workload.total_gpus)))
+        self._start(_Running(workload, pool, held, workload.units))
 
     def _start(self, running: _Running) -> None:
         w = running.workload
         if running.units:
             self.ledger.add(w.workspace, w.gpu_type, running.units)
+            self.shares.pop(w.workspace, None)
         self.running[w.key] = running
         self.running_by[w.workspace, w.gpu_type][w.key] = running
         self.priorities[w.workspace, w.gpu_type][w.priority] += 1
@@ -161,13 +198,13 @@ class Engine:
             self.rejected.append(Reject(workload.key, never))
             return
         self.pending[workload.key] = workload
-        insort(self.queues[workload.workspace].items, (-workload.priority, workload.seq, workload.key))
+        self.queues[workload.workspace].add(workload)
 
     def withdraw(self, key: str) -> None:
         """A pending workload cancelled by its owner."""
         workload = self.pending.pop(key, None)
         if workload is not None:
-            self.queues[workload.workspace].items.remove((-workload.priority, workload.seq, workload.key))
+            self.queues[workload.workspace].remove(workload)
 
     def finish(self, key: str, now: float | None = None) -> None:
         """A running workload ended: give back its devices and its quota."""
@@ -181,9 +218,10 @@ class Engine:
                 running.pool.give(node, devices)
         if running.units:
             self.ledger.add(running.workload.workspace, running.workload.gpu_type, -running.units)
+            self.shares.pop(running.workload.workspace, None)
 
     def _never_fits(self, workload: Workload) -> str:
-        units = units_of(workload.gpus_per_replica)
+        units = workload.replica_units
         if units == 0:
             return ""
         gpu_type, total = workload.gpu_type, units * workload.replicas
@@ -223,6 +261,7 @@ class Engine:
             self.clock = now if self.clock is None else max(self.clock, now)
             return
         elapsed = now - self.clock
+        self.shares.clear()
         decay = 0.5 ** (elapsed / self.policy.half_life_s)
         for key in list(self.history):
             self.history[key] *= decay
@@ -232,7 +271,14 @@ class Engine:
         self.clock = now
 
     def _share(self, name: str) -> float:
-        """Dominant share: the largest over GPU types of (use now + recent use) / capacity, / weight."""
+        """Dominant share: the largest over GPU types of (use now + recent use) / capacity, / weight.
+        Kept until the workspace's use or the clock changes."""
+        share = self.shares.get(name)
+        if share is None:
+            share = self.shares[name] = self._dominant_share(name)
+        return share
+
+    def _dominant_share(self, name: str) -> float:
         ws = self.ledger.workspace(name)
         share = 0.0
         for gpu_type, capacity in self.capacity.items():
@@ -261,6 +307,8 @@ class Engine:
             pool.release_held()
         self.held_quota.clear()
         self.held_until.clear()
+        self.unplaceable.clear()
+        self.fits_something.clear()
         if explain:
             self._explain(now, decisions, reasons)
         return decisions
@@ -268,12 +316,11 @@ class Engine:
     def _admit(self, workload: Workload, pool: Pool | None, placed: list[tuple[PoolNode, list[tuple[int, int]]]],
                borrowed: int, decisions: Decisions) -> None:  # fmt: skip
         del self.pending[workload.key]
-        queue = self.queues[workload.workspace].items
-        queue.remove((-workload.priority, workload.seq, workload.key))
+        self.queues[workload.workspace].remove(workload)
         started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
         self.admitted_now.add(workload.key)
-        self.ledger.repaid(workload.workspace, workload.gpu_type, units_of(workload.total_gpus))
-        self._start(_Running(started, pool, placed, units_of(workload.total_gpus)))
+        self.ledger.repaid(workload.workspace, workload.gpu_type, workload.units)
+        self._start(_Running(started, pool, placed, workload.units))
         placement = tuple(
             ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
             for node, devices in placed
@@ -281,7 +328,7 @@ class Engine:
         decisions.admitted.append(Admit(workload.key, pool.cluster if pool else None, placement, gpus_of(borrowed)))
 
     def _try_place(self, workload: Workload) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
-        share = units_of(workload.gpus_per_replica)
+        share = workload.replica_units
         for pool in self._pools_for(workload):
             if pool.free_units < share * workload.replicas:
                 continue
@@ -303,7 +350,7 @@ class Engine:
     def _try_admit(self, workload: Workload, decisions: Decisions) -> tuple[str, str]:
         """Admit the workload if quota and placement fit; otherwise ("quota", "placement" or "held", why
         not): "held" when a starving gang of its workspace is owed the quota first."""
-        if units_of(workload.gpus_per_replica) == 0:
+        if workload.replica_units == 0:
             self._admit(workload, None, [], 0, decisions)
             return "", ""
         held = self.held_quota.get((workload.workspace, workload.gpu_type))
@@ -312,15 +359,29 @@ class Engine:
                 f"waiting behind gang {held[0]}: it has waited longest, and workspace {workload.workspace}'s "
                 f"{workload.gpu_type} quota goes to it first"
             )
-        units = units_of(workload.total_gpus)
+        units = workload.units
         fits, borrowed, reason = (True, 0, "") if self.shared else self.ledger.check(workload, units)
         if not fits:
             return "quota", reason
-        found = self._try_place(workload)
+        found = None if self._unplaceable(workload) else self._try_place(workload)
         if found is None:
+            self.unplaceable[workload.gpu_type, workload.cluster].append((workload.replica_units, workload.replicas))
+            self.memos += 1
             return "placement", self._shortage(workload)
         self._admit(workload, found[0], found[1], borrowed, decisions)
         return "", ""
+
+    def _unplaceable(self, workload: Workload) -> bool:
+        """Whether a shape no larger than the workload's found no placement earlier in this pass. Each
+        replica placed takes one from the count of replicas of its size the free devices can hold, so
+        a placement exists exactly when there are enough: a larger shape fits no better. Not for work
+        that may backfill held nodes."""
+        if workload.max_runtime_s is not None and self.held_until:
+            return False
+        share, replicas = workload.replica_units, workload.replicas
+        return any(
+            s <= share and r <= replicas for s, r in self.unplaceable.get((workload.gpu_type, workload.cluster), ())
+        )
 
     def _try_admit_unless_blocked(
         self, workload: Workload, decisions: Decisions, blocked: dict[tuple[str, str], tuple[int, str]] | None
@@ -331,19 +392,20 @@ class Engine:
         if blocked is None:
             return self._try_admit(workload, decisions)
         known = blocked.get((workload.workspace, workload.gpu_type))
-        units = units_of(workload.total_gpus)
+        units = workload.units
         if known is not None and units >= known[0]:
             return "quota", known[1]
         kind, reason = self._try_admit(workload, decisions)
         if kind == "quota":
             blocked[workload.workspace, workload.gpu_type] = (units, reason)
+            self.memos += 1
         return kind, reason
 
     def _shortage(self, workload: Workload) -> str:
         nodes = "a node" if workload.replicas == 1 else f"{workload.replicas} nodes"
-        if units_of(workload.gpus_per_replica) < UNIT:
+        if workload.replica_units < UNIT:
             nodes = "a device" if workload.replicas == 1 else f"{workload.replicas} device shares"
-        return f"waiting for {nodes} with {fmt_units(units_of(workload.gpus_per_replica))} free {workload.gpu_type}"
+        return f"waiting for {nodes} with {fmt_units(workload.replica_units)} free {workload.gpu_type}"
 
     def _fifo_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
         for name in sorted(self.queues):
@@ -376,6 +438,7 @@ class Engine:
         longer than `starvation_s` has the best nodes for it held back from smaller work.
         """
         self.ledger.forget_owed()
+        self.preemption.none_for.clear()
         cursor: dict[str, int] = {}
         heap: list[tuple[int, float, str]] = []
         for name, queue in self.queues.items():
@@ -390,6 +453,8 @@ class Engine:
         refused: dict[str, int] = defaultdict(int)
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
         blocked: dict[tuple[str, str], tuple[int, str]] | None = {} if quick else None
+        # Without explain, a workspace all of whose queue would be refused without side effects is
+        # refused all at once where it would be popped again and again (see _nothing_fits).
         while heap and scanned < self.policy.max_scan:
             _, _, name = heapq.heappop(heap)
             items = self.queues[name].items
@@ -422,33 +487,79 @@ class Engine:
                         self._hold_for(workload, kind, reason, reasons)
                     cursor[name] = position + 1
                     refused[name] += 1
+                    if quick and cursor[name] < len(items) and self._nothing_fits(name, blocked, preemption_tries > 0):
+                        # Its rank is the same for all it has left (none fits its nominal quota, none
+                        # starves): while it ranks first it would be refused item after item.
+                        rank = (3, self._share(name), name)
+                        if not heap or rank < heap[0]:
+                            left = min(
+                                len(items) - cursor[name], slice_ - refused[name], self.policy.max_scan - scanned
+                            )
+                            scanned += left
+                            refused[name] += left
+                            cursor[name] += left
+                            continue
             if cursor[name] < len(items) and refused[name] < slice_:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
+
+    def _nothing_fits(
+        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]] | None, preempting: bool
+    ) -> bool:
+        """Whether every workload in the workspace's queue would be refused for what is known in this
+        pass, and its refusal change nothing: its quota refused one no larger, or no placement was
+        found for a shape no larger; none is a starving gang (its refusal holds nodes); none fits the
+        nominal quota while preemption searches are left or before all the workspace has idle is
+        owed (its refusal may preempt, or owe); and, while preemption searches are left, none
+        outranks the workspace's running work (it may preempt that)."""
+        known = (self.ledger.version, self.memos, preempting)
+        if self.fits_something.get(name) == known:
+            return False  # nothing it depends on changed since the last answer
+        if self._refused_all(name, blocked, preempting):
+            return True
+        self.fits_something[name] = known
+        return False
+
+    def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]] | None, preempting: bool) -> bool:
+        queue = self.queues[name]
+        top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
+        for gpu_type, _, share, replicas in queue.shapes:
+            used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
+            if used + share * replicas <= nominal and (preempting or not self.ledger.owes_all(name, gpu_type)):
+                return False  # its refusal may preempt, or be for quota that is then owed to it
+            if preempting and any(p < top for p in self.priorities[name, gpu_type]):
+                return False
+        if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
+            return False
+        if self.held_until:
+            return False  # held nodes take some work that is declared to end in time: try each
+        for gpu_type, cluster, share, replicas in queue.shapes:
+            known = blocked.get((name, gpu_type)) if blocked else None
+            if known is not None and share * replicas >= known[0]:
+                continue
+            unplaced = self.unplaceable.get((gpu_type, cluster), ())
+            if not any(s <= share and r <= replicas for s, r in unplaced):
+                return False
+        return True
 
     def _rank(self, name: str, key: str) -> tuple[int, float, str]:
         """Within nominal quota before borrowing; in each, a gang starving past `starvation_s` goes
         first (else work ranked before it takes the nodes it holds), then the lower fair share."""
         workload = self.pending[key]
-        units = units_of(workload.total_gpus)
+        units = workload.units
         within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
         return (2 * (0 if within else 1) + (0 if self._starving(workload) else 1), self._share(name), name)
 
     def _starving(self, workload: Workload) -> bool:
         """A gang (several replicas, or more than one GPU) blocked for `starvation_s` or longer."""
-        gang = workload.replicas > 1 or units_of(workload.gpus_per_replica) > UNIT
-        return gang and (self.clock or 0.0) - workload.submitted_at >= self.policy.starvation_s
+        return is_gang(workload) and (self.clock or 0.0) - workload.submitted_at >= self.policy.starvation_s
 
     def _owe(self, workload: Workload) -> None:
-        """Quota refused work: within its nominal quota, what borrowers give back is its own first;
-        a starving gang that must borrow has the cohort's idle quota kept for it from other borrowers."""
+        """Quota refused work within its nominal quota (or a starving gang that fits it): none of its
+        workspace's idle quota is lent again in this pass, so what borrowers give back is its own."""
         name, gpu_type = workload.workspace, workload.gpu_type
-        units, used, nominal = (
-            units_of(workload.total_gpus),
-            self.ledger.used[name, gpu_type],
-            self.ledger.nominal(name, gpu_type),
-        )
+        units, used, nominal = workload.units, self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
         if used + units <= nominal or (units <= nominal and self._starving(workload)):
-            self.ledger.owe(name, gpu_type, units)
+            self.ledger.owe(name, gpu_type)
 
     def _hold_for(self, workload: Workload, kind: str, reason: str, reasons: dict[str, str]) -> None:
         """A starving gang: keep smaller work of its workspace off the quota it waits for, or all
@@ -457,10 +568,10 @@ class Engine:
         if kind == "quota":
             # Within its nominal quota, its workspace's own work gives the quota back to it as it ends
             # (and what borrowers hold is owed to it). A gang that must borrow has nothing kept for it.
-            if quota_key not in self.held_quota and units_of(workload.total_gpus) <= self.ledger.nominal(*quota_key):
+            if quota_key not in self.held_quota and workload.units <= self.ledger.nominal(*quota_key):
                 self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
             return
-        share = units_of(workload.gpus_per_replica)
+        share = workload.replica_units
         for pool in self._pools_for(workload):
             if pool.held:
                 continue
@@ -497,6 +608,7 @@ class Engine:
         for running in chosen:
             self._stop(running.workload.key)
             decisions.preempted.append(self.preemption.decision(running.workload, workload))
+        self.unplaceable.clear()  # the evictions gave devices back
         kind, _ = self._try_admit(workload, decisions)
         assert not kind, "preemption must make room for the workload it was made for"
         return True

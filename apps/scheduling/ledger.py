@@ -22,6 +22,7 @@ class Ledger:
         # Quota owed to owners whose work within their nominal quota waits while it is lent: not lent
         # again, so that what borrowers give back goes to the owner first. Per (cohort, type) and per
         # (workspace, type); set anew in every pass (see owe).
+        self.version = 0  # changes with every change of use or of what is owed
         self.owed: dict[tuple[str, str], int] = defaultdict(int)
         self.owed_by: dict[tuple[str, str], int] = defaultdict(int)
 
@@ -53,6 +54,7 @@ class Ledger:
         return idle, max(0, used - nominal)
 
     def add(self, name: str, gpu_type: str, units: int) -> None:
+        self.version += 1
         cohort = self.workspace(name).cohort
         known = (name, gpu_type) in self.used  # else its contribution is not counted yet
         used = self.used[name, gpu_type]
@@ -81,17 +83,25 @@ class Ledger:
         others_owed = self.owed[ws.cohort, gpu_type] - self.owed_by[name, gpu_type]
         return max(0, others_lend - others_borrowed - others_owed)
 
-    def owe(self, name: str, gpu_type: str, units: int) -> None:
-        """`name` waits for `units` of its nominal quota that borrowers hold: until the pass ends, that
-        much of what it has idle is not lent again (at most all it has idle to lend)."""
+    def owe(self, name: str, gpu_type: str) -> None:
+        """Work of `name` within its nominal quota waits for quota that borrowers hold: until the pass
+        ends, none of what `name` has idle is lent again."""
         cohort = self.workspace(name).cohort
         if cohort is None or not self.borrowing:
             return
         idle = self._contribution(name, gpu_type, self.used[name, gpu_type])[0]
-        more = min(units, idle - self.owed_by[name, gpu_type])
+        more = idle - self.owed_by[name, gpu_type]
         if more > 0:
             self.owed_by[name, gpu_type] += more
             self.owed[cohort, gpu_type] += more
+            self.version += 1
+
+    def owes_all(self, name: str, gpu_type: str) -> bool:
+        """Whether all `name` has idle is owed to it already (another `owe` would change nothing)."""
+        cohort = self.workspace(name).cohort
+        if cohort is None or not self.borrowing:
+            return True
+        return self.owed_by[name, gpu_type] >= self._contribution(name, gpu_type, self.used[name, gpu_type])[0]
 
     def repaid(self, name: str, gpu_type: str, units: int) -> None:
         """`name` was admitted work of `units`: that much of what it was owed is no longer owed."""

@@ -17,8 +17,9 @@ from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
-from apps.scheduling.types import UNIT, Policy, Preempt, Workload, units_of
+from apps.scheduling.types import UNIT, Policy, Preempt, Workload
 
+EMPTY: frozenset[str] = frozenset()
 Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, hundredths)]) per replica
 
 
@@ -58,12 +59,17 @@ class Preemption:
         self.running_by = running_by
         self.priorities = priorities
         self.place = place
+        self._borrowers: tuple[int, dict[str, frozenset[str]]] = (-1, {})  # (ledger version, per GPU type)
+        # Searches that found no candidate at all, per (workspace, type, priority, entitled), with the
+        # borrowers then: within a pass (one `now`; work admitted in it is spared) none will be found
+        # while the borrowers are the same. The engine clears it every pass.
+        self.none_for: dict[tuple[str, str, int, bool], frozenset[str]] = {}
 
     def may_preempt_for(self, workload: Workload) -> bool:
         """Preemption is for work within its workspace's nominal quota, or above lower-priority
         work of its own workspace."""
         name, gpu_type = workload.workspace, workload.gpu_type
-        units = units_of(workload.total_gpus)
+        units = workload.units
         if self.ledger.used[name, gpu_type] + units <= self.ledger.nominal(name, gpu_type):
             return True
         return any(priority < workload.priority for priority in self.priorities[name, gpu_type])
@@ -72,19 +78,21 @@ class Preemption:
         """The fewest, cheapest running workloads whose eviction makes room for `workload`; none if
         no choice does. `spared` are the keys of workloads that may not be evicted (those admitted
         in this cycle)."""
+        borrowers = self.borrowers(workload.gpu_type)
+        name, gpu_type = workload.workspace, workload.gpu_type
+        entitled = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
+        search = (name, gpu_type, workload.priority, entitled)
+        if self.none_for.get(search) == borrowers:
+            return []
         everyone = self.victims(workload, now, spared)
         victims = everyone[: self.policy.max_victims]
         if not victims:
+            self.none_for[search] = borrowers
             return []
-        if not self.fits_without(workload, victims):  # the cheapest few cannot: choose node by node
+        needed = self._fewest_that_fit(workload, victims)
+        if needed is None:  # the cheapest few cannot: choose node by node
             return self._minimal(workload, self.by_node(workload, everyone))
-        chosen: list[RunningWork] = []
-        for running in victims:
-            chosen.append(running)
-            if self.fits_without(workload, chosen):
-                break
-        else:
-            return []
+        chosen = victims[:needed]
         if len(chosen) > 1:  # one costlier victim of no higher class may make room alone: evict fewer
             worst = self.victim_class(workload, chosen[-1])
             for running in victims[len(chosen) :]:
@@ -107,7 +115,7 @@ class Preemption:
         """Victims chosen node by node (`victims` cheapest first): on each node, the cheapest that
         free a replica's whole devices there; the nodes that take the fewest and cheapest; then, if
         quota still refuses, the cheapest others. [] if no choice makes room."""
-        share = units_of(workload.gpus_per_replica)
+        share = workload.replica_units
         if share < UNIT or not victims:
             return []  # a fraction of one device: the cheapest first find it
         count = share // UNIT
@@ -123,7 +131,10 @@ class Preemption:
         for pool_id, pool in pools.items():
             plans: list[tuple[tuple[int, int], list[RunningWork]]] = []
             for node in pool.nodes.values():
-                plan = self._free_on(node, count, on_node.get((pool_id, node.name), []))
+                on = on_node.get((pool_id, node.name))
+                if not on and node.whole < count:
+                    continue  # nothing to evict there, and not enough free
+                plan = self._free_on(node, count, on or [])
                 if plan is not None:
                     plans.append(((len(plan), -node.whole), plan))
             if len(plans) < workload.replicas:
@@ -179,35 +190,45 @@ class Preemption:
         is within its nominal quota, then lower-priority work of its own workspace; never
         non-preemptible work, work younger than `min_runtime_s` or work in `spared`."""
         name, gpu_type = workload.workspace, workload.gpu_type
-        entitled = self.ledger.used[name, gpu_type] + units_of(workload.total_gpus) <= self.ledger.nominal(
-            name, gpu_type
-        )
-        borrowers = {
-            ws for (ws, t), used in self.ledger.used.items() if t == gpu_type and used > self.ledger.nominal(ws, t)
-        }
+        entitled = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
         cohort = self.ledger.workspace(name).cohort
+        candidates = set(self.borrowers(gpu_type)) - {name} if entitled else set()
+        if any(priority < workload.priority for priority in self.priorities[name, gpu_type]):
+            candidates.add(name)
+        youngest = now - self.policy.min_runtime_s  # started after this: too young to evict
         ranked = []
-        candidates = (borrowers if entitled else set()) | {name}  # only their work can be a victim below
-        for running in (r for ws in sorted(candidates) for r in self.running_by[ws, gpu_type].values()):
-            victim = running.workload
-            if victim.gpu_type != gpu_type or not victim.preemptible or not running.units:
-                continue
-            if victim.key in spared:  # its admission and its eviction would leave together
-                continue
-            if victim.started_at is not None and now - victim.started_at < self.policy.min_runtime_s:
-                continue
-            if victim.workspace != name and entitled and victim.workspace in borrowers:
-                tier = 0
-            elif victim.workspace == name and victim.priority < workload.priority:
-                tier = 1
-            else:
-                continue
-            # Cheapest first: borrowers of the same cohort (whose loan this is), lower priority, then the
-            # most recently started (least work lost).
-            elsewhere = int(self.ledger.workspace(victim.workspace).cohort != cohort)
-            ranked.append(((tier, elsewhere, victim.priority, -(victim.started_at or 0.0), victim.key), running))
+        # Cheapest first: other workspaces' borrowers (of the same cohort, whose loan this is, first),
+        # then lower-priority work of its own; in each, lower priority, then the most recently started
+        # (least work lost).
+        for ws in sorted(candidates):
+            own = ws == name
+            tier = 1 if own else 0
+            elsewhere = 0 if own else int(self.ledger.workspace(ws).cohort != cohort)
+            for running in self.running_by[ws, gpu_type].values():
+                victim = running.workload
+                started = victim.started_at
+                if not victim.preemptible or not running.units or (own and victim.priority >= workload.priority):
+                    continue
+                if started is not None and started > youngest:
+                    continue
+                if victim.key in spared:  # its admission and its eviction would leave together
+                    continue
+                ranked.append(((tier, elsewhere, victim.priority, -(started or 0.0), victim.key), running))
         ranked.sort(key=lambda pair: pair[0])
         return [running for _, running in ranked]
+
+    def borrowers(self, gpu_type: str) -> frozenset[str]:
+        """The workspaces using more `gpu_type` than their nominal quota (worked out again only when
+        the ledger changed)."""
+        version, by_type = self._borrowers
+        if version != self.ledger.version:
+            found: dict[str, set[str]] = defaultdict(set)
+            for (ws, t), used in self.ledger.used.items():
+                if used > self.ledger.nominal(ws, t):
+                    found[t].add(ws)
+            by_type = {t: frozenset(names) for t, names in found.items()}
+            self._borrowers = (self.ledger.version, by_type)
+        return by_type.get(gpu_type, EMPTY)
 
     def victim_class(self, workload: Workload, running: RunningWork) -> tuple[int, int, int]:
         """The cost order of `victims` before recency: other workspaces' borrowers (of the same cohort
@@ -222,19 +243,37 @@ class Preemption:
         for running in victims:
             self._give_back(running)
         try:
-            fits, _, _ = self.ledger.check(workload, units_of(workload.total_gpus))
-            if not fits:
-                return False
-            found = self.place(workload)
-            if found is None:
-                return False
-            pool, placed = found
-            for node, devices in reversed(placed):
-                pool.give(node, devices)
-            return True
+            return self._fits(workload)
         finally:
             for running in victims:
                 self._take_again(running)
+
+    def _fewest_that_fit(self, workload: Workload, victims: list[RunningWork]) -> int | None:
+        """The shortest start of `victims` whose eviction makes room for `workload` (its length), or
+        None if all of them do not; each victim is given back once, and taken again at the end."""
+        given = 0
+        try:
+            for running in victims:
+                self._give_back(running)
+                given += 1
+                if self._fits(workload):
+                    return given
+            return None
+        finally:
+            for running in victims[:given]:
+                self._take_again(running)
+
+    def _fits(self, workload: Workload) -> bool:
+        fits, _, _ = self.ledger.check(workload, workload.units)
+        if not fits:
+            return False
+        found = self.place(workload)
+        if found is None:
+            return False
+        pool, placed = found
+        for node, devices in reversed(placed):
+            pool.give(node, devices)
+        return True
 
     def _give_back(self, running: RunningWork) -> None:
         if running.pool is not None:

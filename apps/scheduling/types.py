@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from typing import Literal
 
 ZERO = Decimal("0")
@@ -103,6 +104,15 @@ class Workload:
     @property
     def total_gpus(self) -> Decimal:
         return self.gpus_per_replica * self.replicas
+
+    # Hundredths, worked out once per workload (the scheduling pass asks for them again and again).
+    @cached_property
+    def units(self) -> int:
+        return units_of(self.total_gpus)
+
+    @cached_property
+    def replica_units(self) -> int:
+        return units_of(self.gpus_per_replica)
 
 
 @dataclass(frozen=True)
