@@ -554,12 +554,12 @@ class Engine:
         return is_gang(workload) and (self.clock or 0.0) - workload.submitted_at >= self.policy.starvation_s
 
     def _owe(self, workload: Workload) -> None:
-        """Quota refused work within its nominal quota (or a starving gang that fits it): none of its
-        workspace's idle quota is lent again in this pass, so what borrowers give back is its own."""
+        """Quota refused work within its nominal quota (or a starving gang that fits it): what it asks of
+        its workspace's idle quota is not lent again in this pass, so what borrowers give back is its own."""
         name, gpu_type = workload.workspace, workload.gpu_type
         units, used, nominal = workload.units, self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
         if used + units <= nominal or (units <= nominal and self._starving(workload)):
-            self.ledger.owe(name, gpu_type)
+            self.ledger.owe(name, gpu_type, units)
 
     def _hold_for(self, workload: Workload, kind: str, reason: str, reasons: dict[str, str]) -> None:
         """A starving gang: keep smaller work of its workspace off the quota it waits for, or all

@@ -83,14 +83,14 @@ class Ledger:
         others_owed = self.owed[ws.cohort, gpu_type] - self.owed_by[name, gpu_type]
         return max(0, others_lend - others_borrowed - others_owed)
 
-    def owe(self, name: str, gpu_type: str) -> None:
-        """Work of `name` within its nominal quota waits for quota that borrowers hold: until the pass
-        ends, none of what `name` has idle is lent again."""
+    def owe(self, name: str, gpu_type: str, units: int) -> None:
+        """Work of `name` asking `units` within its nominal quota waits for quota that borrowers hold:
+        until the pass ends, that much of what `name` has idle is not lent again (all of it at most)."""
         cohort = self.workspace(name).cohort
         if cohort is None or not self.borrowing:
             return
         idle = self._contribution(name, gpu_type, self.used[name, gpu_type])[0]
-        more = idle - self.owed_by[name, gpu_type]
+        more = min(units, idle - self.owed_by[name, gpu_type])
         if more > 0:
             self.owed_by[name, gpu_type] += more
             self.owed[cohort, gpu_type] += more

@@ -1,8 +1,48 @@
-"""Where replicas fit: one GPU type's nodes in one cluster, bucketed for constant-time fits."""
+"""Where replicas fit: one GPU type's nodes in one cluster, bucketed for constant-time fits.
+
+Among the nodes (or devices) a bucket holds, the one with the least name is always chosen, so that
+where work goes depends on the free devices alone, not on the order in which they were freed
+(a preemption search gives devices back and takes them again, and must leave no trace).
+"""
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
+from typing import Generic, TypeVar
+
 from apps.scheduling.types import UNIT, NodeInfo, units_of
+
+K = TypeVar("K", str, tuple[str, int])
+V = TypeVar("V")
+
+
+class _Bucket(Generic[K, V]):
+    """Members with the least key at hand: a dict, and a heap of keys cleaned as it is read."""
+
+    __slots__ = ("members", "heap")
+
+    def __init__(self) -> None:
+        self.members: dict[K, V] = {}
+        self.heap: list[K] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.members)
+
+    def add(self, key: K, value: V) -> None:
+        self.members[key] = value
+        heappush(self.heap, key)
+        if len(self.heap) > 2 * len(self.members) + 32:
+            self.heap = sorted(self.members)  # drop the keys that left
+
+    def remove(self, key: K) -> None:
+        del self.members[key]
+
+    def first(self) -> K:
+        heap, members = self.heap, self.members
+        while heap[0] not in members:
+            heappop(heap)
+        return heap[0]
+
 
 # --- Internal state ------------------------------------------------------------------------------
 
@@ -30,15 +70,15 @@ class Pool:
         self.spread = spread
         self.nodes = {n.name: n for n in nodes}
         self.max_devices = max((n.capacity for n in nodes), default=0)
-        self.buckets: list[dict[str, PoolNode]] = [{} for _ in range(self.max_devices + 1)]
+        self.buckets: list[_Bucket[str, PoolNode]] = [_Bucket() for _ in range(self.max_devices + 1)]
         self.held: dict[str, PoolNode] = {}  # nodes kept free for a starving gang this cycle
         # Partly used devices by their free share, for fractional requests: {free: {(node, position)}}.
-        self.partial: list[dict[tuple[str, int], None]] = [{} for _ in range(UNIT)]
+        self.partial: list[_Bucket[tuple[str, int], None]] = [_Bucket() for _ in range(UNIT)]
         for node in sorted(nodes, key=lambda n: n.name):
-            self.buckets[node.whole][node.name] = node
+            self.buckets[node.whole].add(node.name, node)
             for position, free in enumerate(node.free):
                 if 0 < free < UNIT:
-                    self.partial[free][node.name, position] = None
+                    self.partial[free].add((node.name, position), None)
         self.capacity = sum(n.capacity for n in nodes) * UNIT
         self.free_units = sum(sum(n.free) for n in nodes)
 
@@ -46,8 +86,8 @@ class Pool:
         if node.name in self.held:
             return
         if before != node.whole:
-            del self.buckets[before][node.name]
-            self.buckets[node.whole][node.name] = node
+            self.buckets[before].remove(node.name)
+            self.buckets[node.whole].add(node.name, node)
 
     def _change(self, node: PoolNode, devices: list[tuple[int, int]], sign: int) -> None:
         before = node.whole
@@ -55,9 +95,9 @@ class Pool:
             old = node.free[position]
             new = old + sign * share
             if 0 < old < UNIT:
-                del self.partial[old][node.name, position]
+                self.partial[old].remove((node.name, position))
             if 0 < new < UNIT:
-                self.partial[new][node.name, position] = None
+                self.partial[new].add((node.name, position), None)
             node.free[position] = new
             self.free_units += sign * share
         node.whole = sum(1 for f in node.free if f == UNIT)
@@ -70,12 +110,12 @@ class Pool:
         self._change(node, devices, +1)
 
     def hold(self, node: PoolNode) -> None:
-        del self.buckets[node.whole][node.name]
+        self.buckets[node.whole].remove(node.name)
         self.held[node.name] = node
 
     def release_held(self) -> None:
         for node in self.held.values():
-            self.buckets[node.whole][node.name] = node
+            self.buckets[node.whole].add(node.name, node)
         self.held.clear()
 
     def place_on_held_too(self, share: int, replicas: int) -> list[tuple[PoolNode, list[tuple[int, int]]]] | None:
@@ -92,8 +132,9 @@ class Pool:
     def _whole_candidates(self, count: int) -> list[PoolNode]:
         order = range(self.max_devices, count - 1, -1) if self.spread else range(count, self.max_devices + 1)
         for whole in order:
-            if self.buckets[whole]:
-                return [next(iter(self.buckets[whole].values()))]
+            bucket = self.buckets[whole]
+            if bucket:
+                return [bucket.members[bucket.first()]]
         return []
 
     def _fit(self, share: int) -> tuple[PoolNode, list[tuple[int, int]]] | None:
@@ -106,7 +147,13 @@ class Pool:
             return None
         # A fraction: the fullest partly used device that still has room (bin-packing).
         for free in range(share, UNIT):
-            for name, position in self.partial[free]:
+            partial = self.partial[free]
+            if not partial:
+                continue
+            if not self.held:
+                name, position = partial.first()
+                return self.nodes[name], [(position, share)]
+            for name, position in sorted(partial.members):
                 if name not in self.held:
                     return self.nodes[name], [(position, share)]
         for node in self._whole_candidates(1):

@@ -195,7 +195,7 @@ class Preemption:
         candidates = set(self.borrowers(gpu_type)) - {name} if entitled else set()
         if any(priority < workload.priority for priority in self.priorities[name, gpu_type]):
             candidates.add(name)
-        youngest = now - self.policy.min_runtime_s  # started after this: too young to evict
+        min_runtime = self.policy.min_runtime_s
         ranked = []
         # Cheapest first: other workspaces' borrowers (of the same cohort, whose loan this is, first),
         # then lower-priority work of its own; in each, lower priority, then the most recently started
@@ -209,7 +209,7 @@ class Preemption:
                 started = victim.started_at
                 if not victim.preemptible or not running.units or (own and victim.priority >= workload.priority):
                     continue
-                if started is not None and started > youngest:
+                if started is not None and now - started < min_runtime:  # too young to evict
                     continue
                 if victim.key in spared:  # its admission and its eviction would leave together
                     continue

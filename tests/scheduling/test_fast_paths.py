@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from apps.scheduling.engine import Engine
+from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo
 
 SHAPES = (("0.25", 1), ("0.5", 1), ("1", 1), ("1", 1), ("1", 1), ("2", 1), ("4", 1), ("8", 1), ("8", 2))
@@ -81,3 +82,25 @@ def test_cycles_without_explanations_decide_as_explained_ones(seed: int) -> None
     assert quick == explained
     assert any(quick_calls), "the shortcut was never taken: the test checks nothing"
     assert sum(len(admitted) for admitted, _ in quick) > 100
+
+
+def test_devices_given_back_leave_no_trace_on_where_work_goes() -> None:
+    """A preemption search gives devices back and takes them again: the node chosen next is the one
+    with the least name among those that fit, whatever the order devices were freed in."""
+    devices = tuple(Device(i, Decimal(1)) for i in range(4))
+    nodes = [PoolNode(NodeInfo(name, "c", "h100", devices)) for name in ("n2", "n0", "n1")]
+    pool = Pool("c", "h100", nodes, spread=False)
+    n0 = pool.nodes["n0"]
+    pool.take(n0, [(0, 100), (1, 100), (2, 100), (3, 100)])
+    pool.give(n0, [(0, 100), (1, 100), (2, 100), (3, 100)])
+    pool.take(n0, [(0, 50)])  # a half device on n0, then given back: n0 is whole again
+    pool.give(n0, [(0, 50)])
+
+    placed = pool.place(400, 1)
+
+    assert placed is not None and placed[0][0].name == "n0"
+    half = pool.place(50, 2)  # two halves: the same device of the least node with room
+    assert half is not None and [(node.name, devices) for node, devices in half] == [
+        ("n1", [(0, 50)]),
+        ("n1", [(0, 50)]),
+    ]
