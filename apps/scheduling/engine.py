@@ -53,7 +53,7 @@ from apps.scheduling.types import (
 )
 
 
-@dataclass
+@dataclass(eq=False)  # one per running workload: compared by identity
 class _Running:
     workload: Workload
     pool: Pool | None
@@ -438,7 +438,7 @@ class Engine:
         longer than `starvation_s` has the best nodes for it held back from smaller work.
         """
         self.ledger.forget_owed()
-        self.preemption.none_for.clear()
+        self.preemption.failed.clear()
         cursor: dict[str, int] = {}
         heap: list[tuple[int, float, str]] = []
         for name, queue in self.queues.items():
@@ -609,6 +609,7 @@ class Engine:
             self._stop(running.workload.key)
             decisions.preempted.append(self.preemption.decision(running.workload, workload))
         self.unplaceable.clear()  # the evictions gave devices back
+        self.preemption.failed.clear()
         kind, _ = self._try_admit(workload, decisions)
         assert not kind, "preemption must make room for the workload it was made for"
         return True

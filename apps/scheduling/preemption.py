@@ -60,10 +60,13 @@ class Preemption:
         self.priorities = priorities
         self.place = place
         self._borrowers: tuple[int, dict[str, frozenset[str]]] = (-1, {})  # (ledger version, per GPU type)
-        # Searches that found no candidate at all, per (workspace, type, priority, entitled), with the
-        # borrowers then: within a pass (one `now`; work admitted in it is spared) none will be found
-        # while the borrowers are the same. The engine clears it every pass.
-        self.none_for: dict[tuple[str, str, int, bool], frozenset[str]] = {}
+        # Searches that found no victims that make room, per kind of search (see choose), as (hundredths
+        # per replica, replicas, the borrowers then): within a pass (one `now`; work admitted in it is
+        # spared) a search as large or larger finds none either while the borrowers are the same and
+        # nothing was evicted. The engine clears it every pass and after every eviction.
+        self.failed: dict[
+            tuple[str, str, int, bool, str | None, float | None, bool], list[tuple[int, int, frozenset[str]]]
+        ] = defaultdict(list)
 
     def may_preempt_for(self, workload: Workload) -> bool:
         """Preemption is for work within its workspace's nominal quota, or above lower-priority
@@ -81,17 +84,23 @@ class Preemption:
         borrowers = self.borrowers(workload.gpu_type)
         name, gpu_type = workload.workspace, workload.gpu_type
         entitled = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
-        search = (name, gpu_type, workload.priority, entitled)
-        if self.none_for.get(search) == borrowers:
+        # The candidates depend on these; whether they make room grows harder with the shape (a
+        # fraction of a device is searched otherwise than whole devices).
+        search = (
+            name, gpu_type, workload.priority, entitled, workload.cluster, workload.max_runtime_s,
+            workload.replica_units < UNIT,
+        )  # fmt: skip
+        share, replicas = workload.replica_units, workload.replicas
+        if any(s <= share and r <= replicas and b == borrowers for s, r, b in self.failed.get(search, ())):
             return []
         everyone = self.victims(workload, now, spared)
         victims = everyone[: self.policy.max_victims]
-        if not victims:
-            self.none_for[search] = borrowers
-            return []
-        needed = self._fewest_that_fit(workload, victims)
+        needed = self._fewest_that_fit(workload, victims) if victims else None
         if needed is None:  # the cheapest few cannot: choose node by node
-            return self._minimal(workload, self.by_node(workload, everyone))
+            chosen = self._minimal(workload, self.by_node(workload, everyone)) if victims else []
+            if not chosen:
+                self.failed[search].append((share, replicas, borrowers))
+            return chosen
         chosen = victims[:needed]
         if len(chosen) > 1:  # one costlier victim of no higher class may make room alone: evict fewer
             worst = self.victim_class(workload, chosen[-1])
@@ -104,12 +113,24 @@ class Preemption:
         return self._minimal(workload, chosen)
 
     def _minimal(self, workload: Workload, chosen: list[RunningWork]) -> list[RunningWork]:
-        """`chosen` without the victims the others already make room without (costliest first)."""
-        for running in list(reversed(chosen)):
-            rest = [r for r in chosen if r is not running]
-            if rest and self.fits_without(workload, rest):
-                chosen = rest
-        return chosen
+        """`chosen` without the victims the others already make room without (costliest first); each
+        is given back and taken again a constant number of times."""
+        kept = list(chosen)
+        for running in chosen:
+            self._give_back(running)
+        try:
+            for running in reversed(chosen):
+                if len(kept) < 2:
+                    break
+                self._take_again(running)  # not evicted: does the workload still fit?
+                if self._fits(workload):
+                    kept.remove(running)
+                else:
+                    self._give_back(running)
+            return kept
+        finally:
+            for running in kept:
+                self._take_again(running)
 
     def by_node(self, workload: Workload, victims: list[RunningWork]) -> list[RunningWork]:
         """Victims chosen node by node (`victims` cheapest first): on each node, the cheapest that
@@ -157,16 +178,45 @@ class Preemption:
         # that do, found with a logarithmic number of checks (more victims never fit less).
         taken = {id(running) for running in chosen}
         others = [running for running in victims if id(running) not in taken]
-        if not others or not self.fits_without(workload, chosen + others):
+        needed = self._fewest_more(workload, chosen, others) if others else None
+        if needed is None:
             return []
-        low, high = 0, len(others)  # chosen + others[:high] fits; chosen + others[:low] does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            if self.fits_without(workload, chosen + others[:middle]):
-                high = middle
-            else:
-                low = middle
-        return sorted(chosen + others[:high], key=lambda r: order[id(r)])
+        return sorted(chosen + others[:needed], key=lambda r: order[id(r)])
+
+    def _fewest_more(self, workload: Workload, chosen: list[RunningWork], others: list[RunningWork]) -> int | None:
+        """How many of `others`, cheapest first, must go too for `workload` to fit once `chosen` are
+        gone (None if all of them do not do): a binary search (more victims never fit less) that
+        gives back and takes again only what changes between its checks."""
+        given = 0  # others[:given] are given back
+
+        def move(to: int) -> None:
+            nonlocal given
+            while given < to:
+                self._give_back(others[given])
+                given += 1
+            while given > to:
+                given -= 1
+                self._take_again(others[given])
+
+        for running in chosen:
+            self._give_back(running)
+        try:
+            move(len(others))
+            if not self._fits(workload):
+                return None
+            low, high = 0, len(others)  # chosen + others[:high] fits; chosen + others[:low] does not
+            while high - low > 1:
+                middle = (low + high) // 2
+                move(middle)
+                if self._fits(workload):
+                    high = middle
+                else:
+                    low = middle
+            return high
+        finally:
+            move(0)
+            for running in chosen:
+                self._take_again(running)
 
     @staticmethod
     def _free_on(node: PoolNode, count: int, victims: list[RunningWork]) -> list[RunningWork] | None:
