@@ -20,7 +20,10 @@ def gpus_of(units: int) -> Decimal:
 
 
 def fmt_units(units: int) -> str:
-    return f"{gpus_of(units):f}"
+    """Hundredths as the GPUs they make, without trailing zeros ("2", "0.5", "1.25")."""
+    whole, part = divmod(abs(units), UNIT)
+    text = str(whole) if not part else f"{whole}.{part:02d}".rstrip("0")
+    return f"-{text}" if units < 0 else text
 
 
 # A job's expected runtime, for estimates, is the median length of the last OBSERVED_RUNS runs like it
