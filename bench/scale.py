@@ -203,6 +203,7 @@ def peak_memory(policy: Policy, seed: int) -> dict[str, Any]:
 
 
 def main() -> int:
+    global PENDING
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="-", help="where to write the results; - for stdout (default)")
     p.add_argument("--seed", type=int, default=1)
@@ -214,7 +215,6 @@ def main() -> int:
         "--max-scan", type=int, default=1000, help="Policy.max_scan of the timed cycles (default %(default)s)"
     )
     args = p.parse_args()
-    global PENDING
     PENDING = args.pending
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
