@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from apps.scheduling.replay import (
     main,
     options_from,
     parser,
+    read_cohorts,
     read_quotas,
     read_trace,
 )
@@ -37,12 +39,14 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def replay(tmp_path: Path, jobs: list[str], quotas: list[str], *args: str) -> tuple[Replay, dict[str, Any]]:
+def replay(
+    tmp_path: Path, jobs: list[str], quotas: list[str], *args: str, header: str = "team,gpus"
+) -> tuple[Replay, dict[str, Any]]:
     """Replay `jobs` (CSV rows): the replay, to look at single jobs, and its metrics."""
     trace = write(tmp_path / "jobs.csv", [HEADER, *jobs])
-    quota = write(tmp_path / "quotas.csv", ["team,gpus", *quotas])
+    quota = write(tmp_path / "quotas.csv", [header, *quotas])
     argv = ["--trace", str(trace), "--quotas", str(quota), "--json", "-", *args]
-    options = options_from(parser().parse_args(argv))
+    options = replace(options_from(parser().parse_args(argv)), cohorts=read_cohorts(quota))
     run = Replay(read_trace(trace), read_quotas(quota), options)
     return run, run.run()
 
@@ -357,3 +361,63 @@ def test_the_options_reach_the_policy() -> None:
     assert isinstance(options, Options)
     assert options.policy.max_scan == 7
     assert options.policy.preemption is False
+
+
+# --- cohorts, per-workspace waits, the shared queue, the period ----------------------------------
+
+
+def test_teams_lend_and_borrow_only_within_their_cohort(tmp_path: Path) -> None:
+    jobs = ["a16,0,100,16,a,unknown", "b16,0,100,16,b,unknown"]
+
+    run, result = replay(tmp_path, jobs, ["a,8,x", "b,8,y", "c,8,x"], header="team,gpus,cohort")
+
+    assert started(run, "a16") == 0  # borrows c's idle 8 GPUs: same cohort
+    assert result["rejected"] == 1  # b's cohort is b alone: 16 GPUs can never be its
+    assert "b16" not in run.first_start
+
+
+def test_the_audit_checks_borrowing_cohort_by_cohort() -> None:
+    """A team above its quota is covered only by idle quota of its own cohort: the audit finds a
+    violation the single-cohort rule would let pass."""
+    two = tuple((i, Decimal(1)) for i in range(2))
+    admit = Admit("x", "trace", (ReplicaPlacement("node-0000", two),))
+    workload = Workload("x", "a", "gpu", Decimal(2))
+
+    one_cohort = Audit({"a": 1, "b": 1}, build_nodes(2, 8), borrowing=True)
+    one_cohort.admit(admit, workload)
+    apart = Audit({"a": 1, "b": 1}, build_nodes(2, 8), borrowing=True, cohorts={"a": "x", "b": "y"})
+    apart.admit(admit, workload)
+
+    assert one_cohort.quota_violations == 0
+    assert apart.quota_violations == 1
+
+
+def test_per_workspace_waits_are_first_start_minus_submit(tmp_path: Path) -> None:
+    jobs = ["j1,0,100,1,a,unknown", "j2,0,100,1,a,unknown", "j3,10,50,1,b,unknown"]
+
+    _, result = replay(tmp_path, jobs, ["a,1", "b,0"], "--policy", "fifo")
+
+    assert result["per_workspace"] == {
+        "a": {"jobs": 2, "mean_wait_s": 50.0, "p95_wait_s": 100.0, "max_wait_s": 100.0},
+        "b": {"jobs": 1, "mean_wait_s": 0.0, "p95_wait_s": 0.0, "max_wait_s": 0.0},  # rejected: no quota
+    }
+
+
+def test_the_shared_policy_is_one_queue_in_submit_order_without_quotas(tmp_path: Path) -> None:
+    jobs = ["early,0,100,8,b,unknown", "owner,1,100,8,a,unknown", "guest,2,100,1,c,unknown"]
+
+    run, result = replay(tmp_path, jobs, ["a,8", "b,0"], "--policy", "shared")
+
+    assert result["rejected"] == 0  # b and c have no quota: shared has none to refuse them
+    assert started(run, "early") == 0
+    assert started(run, "owner") == 100  # behind b's job, though the GPUs are a's quota
+    assert started(run, "guest") == 200  # the 8 GPUs are the owner's job's until then
+    assert result["quota_violations"] == 0 and result["preemptions"] == 0
+
+
+def test_a_rule_of_time_is_acted_on_at_the_next_period(tmp_path: Path) -> None:
+    jobs = ["borrower,0,10000,16,b,unknown", "owner,5000,100,8,a,unknown"]
+
+    run, _ = replay(tmp_path, jobs, ["a,8", "b,8"], "--min-runtime-s", "7201", "--interval-s", "10")
+
+    assert started(run, "owner") == 7210  # the first periodic cycle after the borrower turns 7,201 s
