@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from apps.scheduling.engine import Engine  # noqa: E402
-from apps.scheduling.types import Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo  # noqa: E402
+from apps.scheduling.types import UNIT, Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo, units_of  # noqa: E402
 
 GPU_TYPE = "h100"
 NODES, GPUS_PER_NODE = 1000, 8
@@ -113,14 +113,14 @@ class Books:
     workspaces use above their quotas must not exceed what the others leave idle of theirs."""
 
     def __init__(self, workspaces: tuple[WorkspaceInfo, ...]):
-        self.nominal = {w.name: int(w.quotas[0].nominal * 100) for w in workspaces}
+        self.nominal = {w.name: units_of(w.quotas[0].nominal) for w in workspaces}
         self.cohort = {w.name: w.cohort or w.name for w in workspaces}
         self.used = dict.fromkeys(self.nominal, 0)
         self.overcommitted = 0  # (cycle, cohort) pairs found over-committed
-        self.worst = 0  # the most GPUs (hundredths) any cohort used beyond its quotas
+        self.worst = 0  # the most GPUs (thousandths) any cohort used beyond its quotas
 
     def change(self, workload: Workload, sign: int) -> None:
-        self.used[workload.workspace] += sign * int(workload.total_gpus * 100)
+        self.used[workload.workspace] += sign * workload.units
 
     def check(self) -> None:
         balance: dict[str, int] = {}
@@ -182,7 +182,7 @@ def sustained(policy: Policy, seed: int, steps: int, finish_per_step: int) -> di
         "pending_at_end": len(engine.pending),
         "running_at_end": len(engine.running),
         "cohort_overcommitted": books.overcommitted,
-        "worst_cohort_excess_gpus": books.worst / 100,
+        "worst_cohort_excess_gpus": books.worst / UNIT,
     }
 
 

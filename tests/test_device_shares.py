@@ -33,6 +33,21 @@ def test_shares_of_one_gpu_above_one_are_refused(world: World) -> None:
     assert sum(a.fraction for a in Allocation.objects.filter(gpu=gpu)) == 1
 
 
+def test_three_thirds_share_one_gpu_and_nothing_more_fits(world: World) -> None:
+    gpu = GPU.objects.order_by("pk").first()
+    assert gpu is not None
+    for name in ("a", "b", "c"):
+        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.333"), job=_job(world, name))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), job=_job(world, "d"))
+    assert sum(a.fraction for a in Allocation.objects.filter(gpu=gpu)) == Decimal("0.999")
+    other = GPU.objects.exclude(pk=gpu.pk).order_by("pk").first()
+    assert other is not None
+    Allocation.objects.create(gpu=other, fraction=Decimal("0.667"), job=_job(world, "e"))
+    Allocation.objects.create(gpu=other, fraction=Decimal("0.333"), job=_job(world, "f"))  # exactly one
+    assert sum(a.fraction for a in Allocation.objects.filter(gpu=other)) == 1
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent writers: PostgreSQL")
 def test_two_transactions_at_once_cannot_overfill_a_gpu(tx_world: World) -> None:
     gpu = GPU.objects.order_by("pk").first()

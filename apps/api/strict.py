@@ -17,6 +17,8 @@ from rest_framework import serializers
 from rest_framework.relations import ManyRelatedField, PrimaryKeyRelatedField, RelatedField
 from rest_framework.request import Request
 
+from apps.scheduling.types import SHARES_TEXT
+
 _WORDS = {str: "a string", bool: "true or false", int: "a whole number", dict: "an object", list: "a list"}
 
 
@@ -35,12 +37,13 @@ def _up_to(top: int) -> str:
     return "(?:" + "|".join(dict.fromkeys(alternatives)) + ")"
 
 
-SHARES = r"0(?:\.(?:0{1,2}|25|50?|75))?"  # none, a quarter, a half, three quarters of one device
+# None, or a quarter, a third, a half, two thirds or three quarters of one device (see limits.SHARES).
+SHARES = r"0(?:\.(?:0{1,3}|250?|333|50{0,2}|667|750?))?"
 
 
 def decimal_pattern(field: serializers.DecimalField) -> str:
     """The one way to write a value of `field`: digits without leading zeros or sign, up to its
-    decimal places, from its minimum (0 or 0.01) to its whole maximum. GPU counts (fields marked
+    decimal places, from its minimum (0 or its last decimal place) to its whole maximum. GPU counts (fields marked
     `gpu_shares`) are 0, a share of one device or whole devices."""
     places = field.decimal_places or 0
     top = int(field.max_value) if field.max_value is not None else 10 ** (field.max_digits - places) - 1
@@ -51,9 +54,11 @@ def decimal_pattern(field: serializers.DecimalField) -> str:
         return rf"^(?:{SHARES}|{whole}{zeros})$"
     below = _up_to(top - 1)
     if field.min_value is not None and field.min_value > 0:
-        assert field.min_value == Decimal("0.01") and places == 2, "only a minimum of 0 or 0.01 is written out"
+        assert places and field.min_value == Decimal(1).scaleb(-places), "only a minimum of 0 or the last place"
         below = _up_to(top - 1).replace("(?:0|", "(?:", 1) if top > 1 else "(?!)"
-        return rf"^(?:0\.(?:0[1-9]|[1-9]\d?)|{below}{fraction}|{top}{zeros})$"
+        # Below one and above zero: k zeros, a digit that is not, then what places are left.
+        tiny = "|".join("0" * k + rf"[1-9]\d{{0,{places - 1 - k}}}" for k in range(places))
+        return rf"^(?:0\.(?:{tiny})|{below}{fraction}|{top}{zeros})$"
     return rf"^(?:{below}{fraction}|{top}{zeros})$"
 
 
@@ -112,7 +117,7 @@ def type_errors(field: serializers.Field, value: Any) -> list[str]:
 
 def _range(field: serializers.DecimalField) -> str:
     if getattr(field, "gpu_shares", False):
-        return f"0, 0.25, 0.5, 0.75, or a whole number of GPUs up to {field.max_value}"
+        return f"0, {SHARES_TEXT}, or a whole number of GPUs up to {field.max_value}"
     low = field.min_value if field.min_value is not None else 0
     return f'from {low} to {field.max_value}, at most {field.decimal_places} decimals, such as "1.5"'
 
@@ -148,13 +153,13 @@ class StrictTypes:
 
 
 class GPUCountField(serializers.DecimalField):
-    """GPUs per replica: 0, a share of one device (0.25, 0.5, 0.75) or whole devices, up to 1024."""
+    """GPUs per replica: 0, a share of one device (limits.SHARES) or whole devices, up to 1024."""
 
     gpu_shares = True
 
     def __init__(self, **kwargs: Any):
-        kwargs.setdefault("max_digits", 6)
-        kwargs.setdefault("decimal_places", 2)
+        kwargs.setdefault("max_digits", 7)
+        kwargs.setdefault("decimal_places", 3)
         kwargs.setdefault("min_value", Decimal("0"))
         kwargs.setdefault("max_value", Decimal("1024"))
         super().__init__(**kwargs)

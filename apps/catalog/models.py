@@ -52,8 +52,8 @@ class ComputeProfile(Profile):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SLICE)
     gpu_type = models.CharField(max_length=32, blank=True, validators=[validate_gpu_type])
     gpu_count = models.DecimalField(
-        max_digits=6,
-        decimal_places=2,
+        max_digits=7,
+        decimal_places=3,
         default=Decimal("0"),
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1024"))],
     )

@@ -94,7 +94,7 @@ class Allocation(models.Model):
 
     gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations")
     fraction = models.DecimalField(
-        max_digits=4, decimal_places=2, validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(1)]
+        max_digits=4, decimal_places=3, validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(1)]
     )
     instance = models.ForeignKey(
         "compute.Instance", null=True, blank=True, on_delete=models.CASCADE, related_name="allocations"

@@ -17,7 +17,7 @@ Policies:
   order, no quotas and no fairness; a workload that does not fit does not block those behind it,
   except that a starving gang has nodes held for it. No preemption.
 
-Quantities are kept internally in hundredths of a GPU (ints), so fractional GPUs add up exactly.
+Quantities are kept internally in thousandths of a GPU (ints), so fractional GPUs add up exactly.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class _Queue:
             del self.gangs_since[bisect_left(self.gangs_since, workload.submitted_at)]
 
 
-Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, hundredths per replica, replicas
+Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousandths per replica, replicas
 
 
 def shape_of(workload: Workload) -> Shape:
@@ -150,7 +150,7 @@ class Engine:
         self.held_quota: dict[tuple[str, str], tuple[str, float | None]] = {}
         self.held_until: dict[tuple[str, str], float | None] = {}  # per pool (cluster, type)
         # Shapes no placement was found for in the current pass, per (GPU type, cluster asked for), as
-        # (hundredths per replica, replicas): a shape at least as large in both fits no better, until
+        # (thousandths per replica, replicas): a shape at least as large in both fits no better, until
         # evictions give devices back (see _unplaceable).
         self.unplaceable: dict[tuple[str, str | None], list[tuple[int, int]]] = defaultdict(list)
         self.memos = 0  # changes with what a pass knows of refusals: see _nothing_fits
@@ -243,7 +243,7 @@ class Engine:
         return [p for p in pools if p.cluster == workload.cluster] if workload.cluster else pools
 
     def _slots(self, pool: Pool, units: int) -> int:
-        """How many replicas of `units` hundredths the pool's nodes hold when empty (counted once:
+        """How many replicas of `units` thousandths the pool's nodes hold when empty (counted once:
         capacities do not change in an engine's life)."""
         key = (pool.cluster, pool.gpu_type, units)
         if key not in self.slot_counts:

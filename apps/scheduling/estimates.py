@@ -127,7 +127,7 @@ class StartEstimates:
     def _running_ends(
         self, now: float, counts: dict[tuple[str, str], tuple[list[Scope], list[Scope]]]
     ) -> dict[Scope, list[tuple[float, int]]]:
-        """Per count, a heap of (expected end, hundredths of a GPU) of the running work it holds."""
+        """Per count, a heap of (expected end, thousandths of a GPU) of the running work it holds."""
         ends: dict[Scope, list[tuple[float, int]]] = defaultdict(list)
         for running in self.engine.running.values():
             w = running.workload

@@ -127,7 +127,7 @@ class Ledger:
         return lendable if borrowing_limit is None else min(lendable, borrowing_limit)
 
     def check(self, workload: Workload, units: int) -> tuple[bool, int, str]:
-        """(fits, hundredths borrowed by this admission, the reason if it does not fit)."""
+        """(fits, thousandths borrowed by this admission, the reason if it does not fit)."""
         name, gpu_type = workload.workspace, workload.gpu_type
         nominal, borrowing_limit, _ = self._limits(name, gpu_type)
         used = self.used[name, gpu_type]

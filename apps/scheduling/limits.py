@@ -11,12 +11,10 @@ from decimal import Decimal
 
 from apps.errors import ActionError, LimitExceeded
 from apps.inventory.models import GPU
+from apps.scheduling.types import SHARES, SHARES_TEXT
 from apps.workspaces.models import GPUQuota, Workspace
 
 ONE = Decimal("1")
-# A share of one device is a quarter, a half or three quarters of it: what time-slicing and MIG
-# slices give in practice, and what quota arithmetic in hundredths holds exactly.
-SHARE_STEP = Decimal("0.25")
 
 
 def _fmt(value: Decimal) -> str:
@@ -25,18 +23,18 @@ def _fmt(value: Decimal) -> str:
 
 def check_gpu_shape(gpus_per_replica: Decimal, field: str = "gpus_per_replica") -> None:
     """GPUs per replica: 0 (no GPU: the work runs on CPU cores alone), a share of one device
-    (0.25, 0.5 or 0.75), or a whole number of devices."""
+    (SHARES), or a whole number of devices."""
     if gpus_per_replica < 0:
         raise ActionError("GPUs cannot be negative.", field=field)
     if gpus_per_replica > ONE and gpus_per_replica != gpus_per_replica.to_integral_value():
         raise ActionError(
             f"{_fmt(gpus_per_replica)} GPUs: more than one device must be a whole number (1, 2, 8...); "
-            "a share of one device is 0.25, 0.5 or 0.75.",
+            f"a share of one device is {SHARES_TEXT}.",
             field=field,
         )
-    if gpus_per_replica < ONE and gpus_per_replica % SHARE_STEP:
+    if 0 < gpus_per_replica < ONE and gpus_per_replica not in SHARES:
         raise ActionError(
-            f"{_fmt(gpus_per_replica)} GPUs: a share of one device is 0.25, 0.5 or 0.75 "
+            f"{_fmt(gpus_per_replica)} GPUs: a share of one device is {SHARES_TEXT} "
             "(or 0 for no GPU, or a whole number of devices).",
             field=field,
         )

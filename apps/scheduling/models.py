@@ -31,8 +31,8 @@ class Workload(Hosted):
     # What it asks for, per replica; a gang of `replicas` is admitted all at once or not at all.
     gpu_type = models.CharField(max_length=32, blank=True, validators=[validate_gpu_type])
     gpus_per_replica = models.DecimalField(
-        max_digits=6,
-        decimal_places=2,
+        max_digits=7,
+        decimal_places=3,
         default=Decimal("0"),
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1024"))],
     )

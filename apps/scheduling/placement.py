@@ -7,6 +7,7 @@ where work goes depends on the free devices alone, not on the order in which the
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from heapq import heappop, heappush
 from typing import Generic, TypeVar
 
@@ -72,15 +73,31 @@ class Pool:
         self.max_devices = max((n.capacity for n in nodes), default=0)
         self.buckets: list[_Bucket[str, PoolNode]] = [_Bucket() for _ in range(self.max_devices + 1)]
         self.held: dict[str, PoolNode] = {}  # nodes kept free for a starving gang this cycle
-        # Partly used devices by their free share, for fractional requests: {free: {(node, position)}}.
-        self.partial: list[_Bucket[tuple[str, int], None]] = [_Bucket() for _ in range(UNIT)]
+        # Partly used devices by their free share, for fractional requests: {free: {(node, position)}},
+        # and the free shares that have some, in order.
+        self.partial: dict[int, _Bucket[tuple[str, int], None]] = {}
+        self.levels: list[int] = []
         for node in sorted(nodes, key=lambda n: n.name):
             self.buckets[node.whole].add(node.name, node)
             for position, free in enumerate(node.free):
                 if 0 < free < UNIT:
-                    self.partial[free].add((node.name, position), None)
+                    self._add_partial(free, (node.name, position))
         self.capacity = sum(n.capacity for n in nodes) * UNIT
         self.free_units = sum(sum(n.free) for n in nodes)
+
+    def _add_partial(self, free: int, device: tuple[str, int]) -> None:
+        bucket = self.partial.get(free)
+        if bucket is None:
+            bucket = self.partial[free] = _Bucket()
+        if not bucket:
+            insort(self.levels, free)
+        bucket.add(device, None)
+
+    def _remove_partial(self, free: int, device: tuple[str, int]) -> None:
+        bucket = self.partial[free]
+        bucket.remove(device)
+        if not bucket:
+            del self.levels[bisect_left(self.levels, free)]
 
     def _rebucket(self, node: PoolNode, before: int) -> None:
         if node.name in self.held:
@@ -95,9 +112,9 @@ class Pool:
             old = node.free[position]
             new = old + sign * share
             if 0 < old < UNIT:
-                self.partial[old].remove((node.name, position))
+                self._remove_partial(old, (node.name, position))
             if 0 < new < UNIT:
-                self.partial[new].add((node.name, position), None)
+                self._add_partial(new, (node.name, position))
             node.free[position] = new
             self.free_units += sign * share
         node.whole = sum(1 for f in node.free if f == UNIT)
@@ -138,7 +155,7 @@ class Pool:
         return []
 
     def _fit(self, share: int) -> tuple[PoolNode, list[tuple[int, int]]] | None:
-        """One replica: `share` hundredths below one GPU, or a whole number of devices."""
+        """One replica: `share` thousandths below one GPU, or a whole number of devices."""
         if share >= UNIT:
             count = share // UNIT
             for node in self._whole_candidates(count):
@@ -146,10 +163,9 @@ class Pool:
                 return node, [(p, UNIT) for p in positions]
             return None
         # A fraction: the fullest partly used device that still has room (bin-packing).
-        for free in range(share, UNIT):
-            partial = self.partial[free]
-            if not partial:
-                continue
+        levels = self.levels
+        for at in range(bisect_left(levels, share), len(levels)):
+            partial = self.partial[levels[at]]
             if not self.held:
                 name, position = partial.first()
                 return self.nodes[name], [(position, share)]

@@ -20,7 +20,7 @@ from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import UNIT, Policy, Preempt, Workload
 
 EMPTY: frozenset[str] = frozenset()
-Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, hundredths)]) per replica
+Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, thousandths)]) per replica
 
 
 class RunningWork(Protocol):
@@ -60,7 +60,7 @@ class Preemption:
         self.priorities = priorities
         self.place = place
         self._borrowers: tuple[int, dict[str, frozenset[str]]] = (-1, {})  # (ledger version, per GPU type)
-        # Searches that found no victims that make room, per kind of search (see choose), as (hundredths
+        # Searches that found no victims that make room, per kind of search (see choose), as (thousandths
         # per replica, replicas, the borrowers then): within a pass (one `now`; work admitted in it is
         # spared) a search as large or larger finds none either while the borrowers are the same and
         # nothing was evicted. The engine clears it every pass and after every eviction.

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -49,7 +49,7 @@ from apps.scheduling.types import (
 GPU_TYPE = "gpu"
 CLUSTER = "trace"
 COHORT = "all"
-HUNDREDTH = Decimal("0.01")
+THOUSANDTH = Decimal("0.001")
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
 QUOTA_COLUMNS = ("team", "gpus")  # and optionally "cohort": teams lend to and borrow from their cohort
 METRIC_KEYS = (
@@ -168,13 +168,14 @@ def read_quotas(path: Path) -> dict[str, int]:
 def gang_shape(num_gpus: Decimal, gpus_per_node: int) -> tuple[int, Decimal]:
     """(replicas R, GPUs per replica G) for a job asking for `num_gpus`.
 
-    Below one GPU: one replica with that share, rounded up to a hundredth. Otherwise whole GPUs
+    Below one GPU: one replica with that share, to the nearest thousandth (a third, 0.3333, is 0.333:
+    three share a device), at least one thousandth. Otherwise whole GPUs
     (a fractional count above one is rounded up); up to a node's worth runs as one replica, more
     as a gang of R = ceil(num / N) replicas of G = ceil(num / R) GPUs, the most even split that
     never spans a node (R x G may then exceed num by less than R GPUs).
     """
     if num_gpus < 1:
-        return 1, max(HUNDREDTH, num_gpus.quantize(HUNDREDTH, rounding=ROUND_CEILING))
+        return 1, max(THOUSANDTH, num_gpus.quantize(THOUSANDTH, rounding=ROUND_HALF_EVEN))
     whole = math.ceil(num_gpus)
     replicas = math.ceil(whole / gpus_per_node)
     return replicas, Decimal(math.ceil(whole / replicas))
@@ -229,7 +230,7 @@ class Audit:
         self.cohorts = cohorts
         self.enforced = enforced  # the shared policy has no quotas: nothing to violate
         self.used: dict[str, int] = defaultdict(int)
-        self.devices = {n.name: [UNIT] * len(n.devices) for n in nodes}  # free hundredths per device
+        self.devices = {n.name: [UNIT] * len(n.devices) for n in nodes}  # free thousandths per device
         self.quota_violations = 0
         self.partial_gangs = 0
 

@@ -212,12 +212,15 @@ def _fractions() -> Scenario:
     t.add("borrower", 0, 30 * HOUR, "0.5", count=20)
     t.add("borrower", 0, 30 * HOUR, "0.25", count=24)
     t.add("borrower", 0, 30 * HOUR, 1, count=4)
+    t.add("borrower", 0, 30 * HOUR, "0.333", count=9)
     t.add("owner", 3 * HOUR, 5 * HOUR, "0.25", count=8, protected=True)
     t.add("owner", 3 * HOUR, 5 * HOUR, "0.5", count=4, protected=True)
     t.add("owner", 3 * HOUR, 5 * HOUR, 1, count=2, protected=True)
+    t.add("owner", 3 * HOUR, 5 * HOUR, "0.333", count=3, protected=True)
+    t.add("owner", 3 * HOUR, 5 * HOUR, "0.667", protected=True)
     return Scenario(
         "fractions",
-        "halves and quarters of GPUs mixed with whole GPUs; the owner reclaims 6 GPUs' worth of shares",
+        "thirds, quarters and halves of GPUs mixed with whole GPUs; the owner reclaims 7.67 GPUs' worth",
         {"owner": 8, "borrower": 8},
         None,
         t.done(),

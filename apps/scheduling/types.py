@@ -8,7 +8,15 @@ from functools import cached_property
 from typing import Literal
 
 ZERO = Decimal("0")
-UNIT = 100  # hundredths of a GPU in one GPU
+UNIT = 1000  # thousandths of a GPU in one GPU: the finest share the portal accepts
+
+
+# A share of one device is a quarter, a third, a half, two thirds or three quarters of it: what
+# time-slicing and MIG slices give in practice. Thirds are written to the thousandth, 0.333 below a
+# third and 0.667 above two thirds, so that shares that fill a device exactly (three thirds, two
+# thirds and a third) still add up to at most one, in thousandths here and in the database alike.
+SHARES = tuple(Decimal(share) for share in ("0.25", "0.333", "0.5", "0.667", "0.75"))
+SHARES_TEXT = "0.25, 0.333, 0.5, 0.667 or 0.75"
 
 
 def units_of(gpus: Decimal) -> int:
@@ -20,9 +28,9 @@ def gpus_of(units: int) -> Decimal:
 
 
 def fmt_units(units: int) -> str:
-    """Hundredths as the GPUs they make, without trailing zeros ("2", "0.5", "1.25")."""
+    """Thousandths as the GPUs they make, without trailing zeros ("2", "0.5", "1.25", "0.333")."""
     whole, part = divmod(abs(units), UNIT)
-    text = str(whole) if not part else f"{whole}.{part:02d}".rstrip("0")
+    text = str(whole) if not part else f"{whole}.{part:03d}".rstrip("0")
     return f"-{text}" if units < 0 else text
 
 
@@ -108,7 +116,7 @@ class Workload:
     def total_gpus(self) -> Decimal:
         return self.gpus_per_replica * self.replicas
 
-    # Hundredths, worked out once per workload (the scheduling pass asks for them again and again).
+    # Thousandths, worked out once per workload (the scheduling pass asks for them again and again).
     @cached_property
     def units(self) -> int:
         return units_of(self.total_gpus)

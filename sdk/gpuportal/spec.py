@@ -4,7 +4,7 @@
     workspace: demo-team
     script: train.sh            # or `command: python train.py`; a path is relative to this file
     env: {EPOCHS: "10"}
-    gpus: 2                     # per replica; 0.25 or 0.5 for a share of one GPU
+    gpus: 2                     # per replica; 0.25, 0.333, 0.5, 0.667, 0.75: a share of one GPU
     gpu_type: h100              # may be left out where the workspace has one GPU type
     replicas: 2                 # a gang: all replicas start together
     priority: 10

@@ -67,16 +67,17 @@ def test_it_refuses_a_share_above_one_that_is_not_whole(world: World, gpus: str)
     with refused(
         ActionError,
         f"{gpus} GPUs: more than one device must be a whole number (1, 2, 8...); a share of one device is 0.25, "
-        "0.5 or 0.75.",
+        "0.333, 0.5, 0.667 or 0.75.",
     ):
         submit(world, gpus)
 
 
-@pytest.mark.parametrize("gpus", ["0.3", "0.1", "0.6", "0.99"])
-def test_it_refuses_a_share_that_is_not_a_quarter_a_half_or_three_quarters(world: World, gpus: str) -> None:
+@pytest.mark.parametrize("gpus", ["0.3", "0.1", "0.6", "0.99", "0.33", "0.334", "0.666"])
+def test_it_refuses_a_share_that_is_not_a_quarter_a_third_a_half_or_three_quarters(world: World, gpus: str) -> None:
     with refused(
         ActionError,
-        f"{gpus} GPUs: a share of one device is 0.25, 0.5 or 0.75 (or 0 for no GPU, or a whole number of devices).",
+        f"{gpus} GPUs: a share of one device is 0.25, 0.333, 0.5, 0.667 or 0.75 (or 0 for no GPU, or a whole "
+        "number of devices).",
         field="gpus_per_replica",
     ):
         submit(world, gpus, gpu_type="h100")
@@ -87,7 +88,7 @@ def test_no_gpu_is_a_job_on_cpu_cores_alone(world: World) -> None:
     assert (job.state, job.gpu_type, job.gpus_per_replica) == (Job.State.QUEUED, "", 0)
 
 
-@pytest.mark.parametrize("gpus", ["0.25", "0.5", "0.75", "1", "4"])
+@pytest.mark.parametrize("gpus", ["0.25", "0.333", "0.5", "0.667", "0.75", "1", "4"])
 def test_it_accepts_shares_below_one_and_whole_devices(world: World, gpus: str) -> None:
     assert submit(world, gpus).state == Job.State.QUEUED
 

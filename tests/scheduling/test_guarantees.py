@@ -142,3 +142,27 @@ def test_held_nodes_take_only_work_declared_to_leave_them_in_time() -> None:
     decisions = engine.cycle(HOUR + 10.0)
     assert admitted(decisions) == ["short"]
     assert "holding 2 node(s)" in reasons(decisions)["gang"]
+
+
+# --- exact shares --------------------------------------------------------------------------------
+
+
+def test_three_thirds_share_one_device_and_a_fourth_share_waits() -> None:
+    engine = _engine([ws("team", "1")], [node("n1", "1")])
+    for n in range(3):
+        _run(engine, job(f"third{n}", "team", "0.333", seq=n), 0.0)
+    engine.submit(job("quarter", "team", "0.25", seq=3))
+    assert admitted(engine.cycle(60.0)) == []
+    assert [
+        a.key
+        for a in schedule(
+            Snapshot((ws("team", "1"),), (node("n1", "0.333"),), (), (job("x", "team", "0.333"),))
+        ).admitted
+    ] == ["x"]
+
+
+def test_two_thirds_and_a_third_fill_a_device() -> None:
+    engine = _engine([ws("team", "1")], [node("n1", "1")])
+    _run(engine, job("two", "team", "0.667"), 0.0)
+    _run(engine, job("one", "team", "0.333", seq=1), 0.0)
+    assert engine.pools["local", "h100"].free_units == 0
