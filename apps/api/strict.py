@@ -152,7 +152,16 @@ class StrictTypes:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class GPUCountField(serializers.DecimalField):
+class ThousandthsField(serializers.DecimalField):
+    """GPUs in thousandths, answered with two decimal places unless a third is needed ("2.00",
+    "0.25", "0.333"), as before thirds were accepted."""
+
+    def to_representation(self, value: Any) -> str:
+        text = str(super().to_representation(value))
+        return text[:-1] if text.endswith("0") and "." in text else text
+
+
+class GPUCountField(ThousandthsField):
     """GPUs per replica: 0, a share of one device (limits.SHARES) or whole devices, up to 1024."""
 
     gpu_shares = True

@@ -12,7 +12,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 
 from apps.api.fields import NameField, WorkspaceField
-from apps.api.strict import StrictModelSerializer
+from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute import actions
@@ -102,6 +102,7 @@ class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
     cluster = TargetClusterField(required=False, allow_null=True)
     requested_cluster = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     running_for_s = serializers.SerializerMethodField()
+    gpus_per_replica = GPUCountField(read_only=True)
 
     class Meta:
         model = Instance

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.fields import NameField, SettingsField
-from apps.api.strict import StrictModelSerializer
+from apps.api.strict import StrictModelSerializer, ThousandthsField
 from apps.api.views import IsAdminOrReadOnly, IsPlatformAdmin, PortalViewSet
 from apps.inventory import actions
 from apps.inventory.models import GPU, Allocation, Cluster, Node
@@ -81,6 +81,7 @@ class ClusterViewSet(PortalViewSet):
 
 
 class AllocationSerializer(StrictModelSerializer):
+    fraction = ThousandthsField(max_digits=4, decimal_places=3, read_only=True)
     holder = serializers.SerializerMethodField()
 
     class Meta:

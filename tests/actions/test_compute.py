@@ -159,8 +159,8 @@ def test_it_refuses_a_replica_larger_than_the_largest_node(world: World) -> None
 def test_it_refuses_a_share_above_one_that_is_not_whole(world: World) -> None:
     with refused(
         ActionError,
-        "1.5 GPUs: more than one device must be a whole number (1, 2, 8...); a share of one device is 0.25, 0.5 "
-        "or 0.75.",
+        "1.5 GPUs: more than one device must be a whole number (1, 2, 8...); a share of one device is 0.25, "
+        "0.333, 0.5, 0.667 or 0.75.",
     ):
         launch(world, profile=profile("gpu-1-5", "1.5"))
 

@@ -12,7 +12,7 @@ import pytest
 
 from apps.scheduling.engine import Engine
 from apps.scheduling.placement import Pool, PoolNode
-from apps.scheduling.types import Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo
+from apps.scheduling.types import UNIT, Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo
 
 SHAPES = (("0.25", 1), ("0.5", 1), ("1", 1), ("1", 1), ("1", 1), ("2", 1), ("4", 1), ("8", 1), ("8", 2))
 
@@ -91,16 +91,15 @@ def test_devices_given_back_leave_no_trace_on_where_work_goes() -> None:
     nodes = [PoolNode(NodeInfo(name, "c", "h100", devices)) for name in ("n2", "n0", "n1")]
     pool = Pool("c", "h100", nodes, spread=False)
     n0 = pool.nodes["n0"]
-    pool.take(n0, [(0, 100), (1, 100), (2, 100), (3, 100)])
-    pool.give(n0, [(0, 100), (1, 100), (2, 100), (3, 100)])
-    pool.take(n0, [(0, 50)])  # a half device on n0, then given back: n0 is whole again
-    pool.give(n0, [(0, 50)])
+    whole, half = UNIT, UNIT // 2
+    pool.take(n0, [(0, whole), (1, whole), (2, whole), (3, whole)])
+    pool.give(n0, [(0, whole), (1, whole), (2, whole), (3, whole)])
+    pool.take(n0, [(0, half)])  # a half device on n0, then given back: n0 is whole again
+    pool.give(n0, [(0, half)])
 
-    placed = pool.place(400, 1)
+    placed = pool.place(4 * whole, 1)
 
     assert placed is not None and placed[0][0].name == "n0"
-    half = pool.place(50, 2)  # two halves: the same device of the least node with room
-    assert half is not None and [(node.name, devices) for node, devices in half] == [
-        ("n1", [(0, 50)]),
-        ("n1", [(0, 50)]),
-    ]
+    halves = pool.place(half, 2)  # two halves: the same device of the least node with room
+    assert halves is not None
+    assert [(node.name, devices) for node, devices in halves] == [("n1", [(0, half)]), ("n1", [(0, half)])]

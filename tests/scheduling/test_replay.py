@@ -133,7 +133,8 @@ def test_portal_backfills_past_a_gang_that_does_not_fit_yet(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("num", "shape"),
-    [("0.5", (1, "0.5")), ("0.333", (1, "0.34")), ("1", (1, "1")), ("8", (1, "8")), ("12", (2, "6")),
+    [("0.5", (1, "0.5")), ("0.333", (1, "0.333")), ("0.33333", (1, "0.333")), ("0.0001", (1, "0.001")),
+     ("1", (1, "1")), ("8", (1, "8")), ("12", (2, "6")),
      ("16", (2, "8")), ("24", (3, "8")), ("20", (3, "7")), ("1.5", (1, "2"))],
 )  # fmt: skip
 def test_it_splits_a_job_into_replicas_that_each_fit_a_node(num: str, shape: tuple[int, str]) -> None:
