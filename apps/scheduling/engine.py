@@ -488,8 +488,8 @@ class Engine:
                     cursor[name] = position + 1
                     refused[name] += 1
                     if quick and cursor[name] < len(items) and self._nothing_fits(name, blocked, preemption_tries > 0):
-                        # Its rank is the same for all it has left (none fits its nominal quota, none
-                        # starves): while it ranks first it would be refused item after item.
+                        # None of what it has left starves, so each ranks at most (3, share, name): if
+                        # that is ahead of every other workspace, it would be refused item after item.
                         rank = (3, self._share(name), name)
                         if not heap or rank < heap[0]:
                             left = min(
