@@ -4,12 +4,15 @@ bound under the portal policy, and the rules behind them hold cycle by cycle."""
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apps.scheduling import scenarios
 from apps.scheduling.engine import Engine, Policy, Snapshot, Workload, schedule
+from apps.scheduling.replay import PORTAL, Job, Options, Replay
 from tests.scheduling.builders import admitted, reasons, ws
 from tests.scheduling.test_engine import job, node, snapshots
 
@@ -166,3 +169,34 @@ def test_two_thirds_and_a_third_fill_a_device() -> None:
     _run(engine, job("two", "team", "0.667"), 0.0)
     _run(engine, job("one", "team", "0.333", seq=1), 0.0)
     assert engine.pools["local", "h100"].free_units == 0
+
+
+# --- the bound on random traces ----------------------------------------------------------------
+
+
+@st.composite
+def _floods(draw: st.DrawFn) -> tuple[list[Job], float]:
+    """A borrower's random jobs (shares and whole GPUs, short and long) from time 0, and an owner
+    asking for up to its 8 GPUs in 1-GPU jobs at a random later time."""
+    jobs: list[Job] = []
+    for n in range(draw(st.integers(1, 40))):
+        at = draw(st.sampled_from([0.0, 0.0, 600.0, 1800.0, 3600.0, 7200.0]))
+        gpus = draw(st.sampled_from(["0.25", "0.5", "1", "1", "2"]))
+        jobs.append(Job(f"b{n}", at, draw(st.sampled_from([900.0, 5400.0, 20 * HOUR])), Decimal(gpus), "borrower", n))
+    owner_at = draw(st.sampled_from([1800.0, 3600.0, 4 * HOUR]))
+    for n in range(draw(st.integers(1, 8))):
+        jobs.append(Job(f"o{n}", owner_at, 3600.0, Decimal(1), "owner", 100 + n))
+    return sorted(jobs, key=lambda j: (j.submit_s, j.seq)), owner_at
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(_floods())
+def test_an_owners_single_gpu_work_starts_within_the_bound_whatever_the_borrower_runs(
+    flood: tuple[list[Job], float],
+) -> None:
+    jobs, _ = flood
+    replay = Replay(jobs, {"owner": 8, "borrower": 8}, Options(policy=PORTAL, interval_s=2.0))
+    replay.run()
+    bound = PORTAL.min_runtime_s + 2.0
+    waits = {j.job_id: replay.first_start[j.job_id] - j.submit_s for j in jobs if j.team == "owner"}
+    assert max(waits.values()) <= bound, waits
