@@ -435,7 +435,8 @@ class Engine:
 
         Work within a workspace's nominal quota goes before work that must borrow. A blocked
         workload does not block the ones behind it (backfill), except that a gang blocked for
-        longer than `starvation_s` has the best nodes for it held back from smaller work.
+        longer than `starvation_s` gets a reservation of what it waits for (see _hold_for), and
+        quota refused to work within its nominal quota is owed to it (see _owe).
         """
         self.ledger.forget_owed()
         self.preemption.failed.clear()
@@ -521,6 +522,10 @@ class Engine:
 
     def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]] | None, preempting: bool) -> bool:
         queue = self.queues[name]
+        if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
+            return False
+        if self.held_until:
+            return False  # held nodes take some work that is declared to end in time: try each
         top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
         for gpu_type, _, share, replicas in queue.shapes:
             used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
@@ -528,10 +533,6 @@ class Engine:
                 return False  # its refusal may preempt, or be for quota that is then owed to it
             if preempting and any(p < top for p in self.priorities[name, gpu_type]):
                 return False
-        if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
-            return False
-        if self.held_until:
-            return False  # held nodes take some work that is declared to end in time: try each
         for gpu_type, cluster, share, replicas in queue.shapes:
             known = blocked.get((name, gpu_type)) if blocked else None
             if known is not None and share * replicas >= known[0]:

@@ -19,10 +19,10 @@ class Ledger:
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.nominal_of: dict[tuple[str, str], int] = {}
         self.limits_of: dict[tuple[str, str], tuple[int, int | None, int | None]] = {}
+        self.version = 0  # changes with every change of use or of what is owed
         # Quota owed to owners whose work within their nominal quota waits while it is lent: not lent
         # again, so that what borrowers give back goes to the owner first. Per (cohort, type) and per
         # (workspace, type); set anew in every pass (see owe).
-        self.version = 0  # changes with every change of use or of what is owed
         self.owed: dict[tuple[str, str], int] = defaultdict(int)
         self.owed_by: dict[tuple[str, str], int] = defaultdict(int)
 
@@ -109,7 +109,7 @@ class Ledger:
         if owed:
             paid = min(owed, units)
             self.owed_by[name, gpu_type] -= paid
-            self.owed[self.workspace(name).cohort or "", gpu_type] -= paid
+            self.owed[self.workspace(name).cohort or "", gpu_type] -= paid  # owed only within a cohort
 
     def forget_owed(self) -> None:
         """A new pass: what is owed is worked out again from the queues."""

@@ -175,7 +175,7 @@ def test_two_thirds_and_a_third_fill_a_device() -> None:
 
 
 @st.composite
-def _floods(draw: st.DrawFn) -> tuple[list[Job], float]:
+def _floods(draw: st.DrawFn) -> list[Job]:
     """A borrower's random jobs (shares and whole GPUs, short and long) from time 0, and an owner
     asking for up to its 8 GPUs in 1-GPU jobs at a random later time."""
     jobs: list[Job] = []
@@ -186,15 +186,14 @@ def _floods(draw: st.DrawFn) -> tuple[list[Job], float]:
     owner_at = draw(st.sampled_from([1800.0, 3600.0, 4 * HOUR]))
     for n in range(draw(st.integers(1, 8))):
         jobs.append(Job(f"o{n}", owner_at, 3600.0, Decimal(1), "owner", 100 + n))
-    return sorted(jobs, key=lambda j: (j.submit_s, j.seq)), owner_at
+    return sorted(jobs, key=lambda j: (j.submit_s, j.seq))
 
 
 @settings(max_examples=60, deadline=None, database=None)
 @given(_floods())
 def test_an_owners_single_gpu_work_starts_within_the_bound_whatever_the_borrower_runs(
-    flood: tuple[list[Job], float],
+    jobs: list[Job],
 ) -> None:
-    jobs, _ = flood
     replay = Replay(jobs, {"owner": 8, "borrower": 8}, Options(policy=PORTAL, interval_s=2.0))
     replay.run()
     bound = PORTAL.min_runtime_s + 2.0
