@@ -439,6 +439,7 @@ class Engine:
         quota refused to work within its nominal quota is owed to it (see _owe).
         """
         self.ledger.forget_owed()
+        self._owe_up_front()
         self.preemption.failed.clear()
         cursor: dict[str, int] = {}
         heap: list[tuple[int, float, str]] = []
@@ -561,6 +562,17 @@ class Engine:
         units, used, nominal = workload.units, self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
         if used + units <= nominal or (units <= nominal and self._starving(workload)):
             self.ledger.owe(name, gpu_type, units)
+
+    def _owe_up_front(self) -> None:
+        """Before the pass: what waiting work within its nominal quota asks of quota that borrowers
+        hold is owed to it, wherever it stands in its workspace's queue (behind work that must
+        borrow, it is examined after other workspaces' borrowers)."""
+        for name, queue in self.queues.items():
+            for (gpu_type, _, share, replicas), count in queue.shapes.items():
+                units = share * replicas
+                used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
+                if units and used + units <= nominal and self.ledger.lent_out_for(name, gpu_type, units):
+                    self.ledger.owe(name, gpu_type, units * count)
 
     def _hold_for(self, workload: Workload, kind: str, reason: str, reasons: dict[str, str]) -> None:
         """A starving gang: keep smaller work of its workspace off the quota it waits for, or all

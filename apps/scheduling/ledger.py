@@ -96,6 +96,11 @@ class Ledger:
             self.owed[cohort, gpu_type] += more
             self.version += 1
 
+    def lent_out_for(self, name: str, gpu_type: str, units: int) -> bool:
+        """Whether `units` more within `name`'s nominal quota would be refused because borrowers hold it."""
+        used = self.used[name, gpu_type]
+        return self._lent_out_after(name, gpu_type, used, used + units) > 0
+
     def owes_all(self, name: str, gpu_type: str) -> bool:
         """Whether all `name` has idle is owed to it already (another `owe` would change nothing)."""
         cohort = self.workspace(name).cohort
