@@ -27,6 +27,7 @@ from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from apps.scheduling.estimates import StartEstimates
 from apps.scheduling.ledger import Ledger
@@ -39,6 +40,7 @@ from apps.scheduling.types import (
     Device,
     NodeInfo,
     Pending,
+    PendingList,
     Policy,
     Preempt,
     Quota,
@@ -155,6 +157,10 @@ class Engine:
         self.unplaceable: dict[tuple[str, str | None], list[tuple[int, int]]] = defaultdict(list)
         self.memos = 0  # changes with what a pass knows of refusals: see _nothing_fits
         self.fits_something: dict[str, tuple[int, int, bool]] = {}
+        # False: every workload is examined one by one, as the pass would without its shortcuts (a
+        # queue refused at once, a refusal's reason reused); the same decisions and reasons, slower
+        # (tests compare the two, with the ledger's remembered answers off too).
+        self.shortcuts = True
         self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
 
     # -- feeding it --------------------------------------------------------------------------------
@@ -363,7 +369,9 @@ class Engine:
         fits, borrowed, reason = (True, 0, "") if self.shared else self.ledger.check(workload, units)
         if not fits:
             return "quota", reason
-        found = None if self._unplaceable(workload) else self._try_place(workload)
+        if self._unplaceable(workload):
+            return "placement", self._shortage(workload)
+        found = self._try_place(workload)
         if found is None:
             self.unplaceable[workload.gpu_type, workload.cluster].append((workload.replica_units, workload.replicas))
             self.memos += 1
@@ -384,19 +392,18 @@ class Engine:
         )
 
     def _try_admit_unless_blocked(
-        self, workload: Workload, decisions: Decisions, blocked: dict[tuple[str, str], tuple[int, str]] | None
+        self, workload: Workload, decisions: Decisions, blocked: dict[tuple[str, str], tuple[int, str]], quick: bool
     ) -> tuple[str, str]:
-        """`_try_admit`, except that (without explain, `blocked` not None) a workspace whose quota refused
-        as many GPUs of the type or fewer earlier in this pass is refused at once, with that refusal's
-        reason: within a pass use only grows until evictions, which clear `blocked`."""
-        if blocked is None:
-            return self._try_admit(workload, decisions)
+        """`_try_admit`, remembering in `blocked` the fewest GPUs of a type each workspace's quota refused
+        in this pass: within a pass use only grows until evictions, which clear `blocked`, so as many or
+        more are refused too. Without explain (`quick`), such a workload is refused at once, with that
+        refusal's reason."""
         known = blocked.get((workload.workspace, workload.gpu_type))
         units = workload.units
-        if known is not None and units >= known[0]:
+        if quick and known is not None and units >= known[0]:
             return "quota", known[1]
         kind, reason = self._try_admit(workload, decisions)
-        if kind == "quota":
+        if kind == "quota" and (known is None or units < known[0]):
             blocked[workload.workspace, workload.gpu_type] = (units, reason)
             self.memos += 1
         return kind, reason
@@ -454,9 +461,10 @@ class Engine:
         slice_ = max(1, self.policy.max_scan // max(1, len(heap)))
         refused: dict[str, int] = defaultdict(int)
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
-        blocked: dict[tuple[str, str], tuple[int, str]] | None = {} if quick else None
-        # Without explain, a workspace all of whose queue would be refused without side effects is
-        # refused all at once where it would be popped again and again (see _nothing_fits).
+        blocked: dict[tuple[str, str], tuple[int, str]] = {}
+        # A workspace all of whose queue would be refused without side effects is refused all at once
+        # where it would be popped again and again (see _nothing_fits); with explain, each of those
+        # workloads is given the reason it would have been given one by one.
         while heap and scanned < self.policy.max_scan:
             _, _, name = heapq.heappop(heap)
             items = self.queues[name].items
@@ -470,7 +478,7 @@ class Engine:
                 reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
                 cursor[name] = position + 1
             else:
-                kind, reason = self._try_admit_unless_blocked(workload, decisions, blocked)
+                kind, reason = self._try_admit_unless_blocked(workload, decisions, blocked, quick and self.shortcuts)
                 if (
                     kind in ("quota", "placement")
                     and preemption_tries > 0
@@ -479,8 +487,7 @@ class Engine:
                     preemption_tries -= 1
                     if self._preempt_for(workload, now, decisions):
                         kind = reason = ""
-                        if blocked:
-                            blocked.clear()  # the evictions gave quota back
+                        blocked.clear()  # the evictions gave quota back
                 if kind:
                     reasons[key] = reason
                     if kind == "quota":
@@ -489,7 +496,11 @@ class Engine:
                         self._hold_for(workload, kind, reason, reasons)
                     cursor[name] = position + 1
                     refused[name] += 1
-                    if quick and cursor[name] < len(items) and self._nothing_fits(name, blocked, preemption_tries > 0):
+                    if (
+                        self.shortcuts
+                        and cursor[name] < len(items)
+                        and self._nothing_fits(name, blocked, preemption_tries > 0)
+                    ):
                         # None of what it has left starves, so each ranks at most (3, share, name): if
                         # that is ahead of every other workspace, it would be refused item after item.
                         rank = (3, self._share(name), name)
@@ -497,6 +508,8 @@ class Engine:
                             left = min(
                                 len(items) - cursor[name], slice_ - refused[name], self.policy.max_scan - scanned
                             )
+                            if not quick:
+                                self._refuse_all(items[cursor[name] : cursor[name] + left], now, decisions, reasons)
                             scanned += left
                             refused[name] += left
                             cursor[name] += left
@@ -504,9 +517,7 @@ class Engine:
             if cursor[name] < len(items) and refused[name] < slice_:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
 
-    def _nothing_fits(
-        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]] | None, preempting: bool
-    ) -> bool:
+    def _nothing_fits(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool) -> bool:
         """Whether every workload in the workspace's queue would be refused for what is known in this
         pass, and its refusal change nothing: its quota refused one no larger, or no placement was
         found for a shape no larger; none is a starving gang (its refusal holds nodes); none fits the
@@ -521,7 +532,26 @@ class Engine:
         self.fits_something[name] = known
         return False
 
-    def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]] | None, preempting: bool) -> bool:
+    def _refuse_all(self, items: list[tuple[int, int, str]], now: float, decisions: Decisions,
+                    reasons: dict[str, str]) -> None:  # fmt: skip
+        """The reasons of workloads `_nothing_fits` says are refused, as each would be given alone: the
+        same for the same shape, as nothing changes while they are refused."""
+        said: dict[Shape, str] = {}
+        pending = self.pending
+        for _, _, key in items:
+            workload = pending[key]
+            if workload.eligible_at > now:
+                reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
+                continue
+            shape = (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)  # shape_of
+            reason = said.get(shape)
+            if reason is None:
+                kind, reason = self._try_admit(workload, decisions)
+                assert kind, "a workload _nothing_fits refuses must not be admitted"
+                said[shape] = reason
+            reasons[key] = reason
+
+    def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool) -> bool:
         queue = self.queues[name]
         if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
             return False
@@ -535,7 +565,7 @@ class Engine:
             if preempting and any(p < top for p in self.priorities[name, gpu_type]):
                 return False
         for gpu_type, cluster, share, replicas in queue.shapes:
-            known = blocked.get((name, gpu_type)) if blocked else None
+            known = blocked.get((name, gpu_type))
             if known is not None and share * replicas >= known[0]:
                 continue
             unplaced = self.unplaceable.get((gpu_type, cluster), ())
@@ -633,20 +663,17 @@ class Engine:
         """Reason, positions and estimated start for every workload still pending."""
         order = self._line()
         estimates = StartEstimates(self).estimate(now, order)
-        per_workspace: dict[str, int] = defaultdict(int)
-        for cluster_position, workload in enumerate(order, start=1):
-            per_workspace[workload.workspace] += 1
-            ahead = cluster_position - 1
-            reason = reasons.get(workload.key) or f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
-            decisions.pending.append(
-                Pending(
-                    workload.key,
-                    reason,
-                    per_workspace[workload.workspace],
-                    cluster_position,
-                    estimates.get(workload.key),
-                )
-            )
+        keys = [workload.key for workload in order]
+        said = list(map(reasons.get, keys))
+        for ahead, reason in enumerate(said):
+            if not reason:
+                said[ahead] = f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
+        seen: dict[str, int] = {}
+        positions = []
+        for workload in order:
+            position = seen[workload.workspace] = seen.get(workload.workspace, 0) + 1
+            positions.append(position)
+        decisions.pending = PendingList(keys, cast(list[str], said), positions, list(map(estimates.get, keys)))
 
     def _line(self) -> list[Workload]:
         """The pending workloads in the cluster's queue order: priority, then submission."""

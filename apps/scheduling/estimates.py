@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool
-from apps.scheduling.types import Workload, units_of
+from apps.scheduling.types import Workload
 
 Scope = tuple[str, ...]  # a count of GPUs that estimates follow: ("type", t), ("workspace", w, t), ("cohort", c, t)
 
@@ -42,6 +41,29 @@ class EngineView(Protocol):
 
     @property
     def running(self) -> Mapping[str, RunningWork]: ...
+
+
+class _Count:
+    """A count of GPUs in a pass of estimates: what it has free, the latest end waited for in it, and
+    when the work it holds is expected to end: a heap of the moments, and the thousandths of a GPU
+    that end at each. (Work that ends at the same moment is freed at once; freed a part at a time,
+    the rest would be taken later without moving the clock, which is the same.)"""
+
+    __slots__ = ("at", "clock", "ends", "room")
+
+    def __init__(self, room: int, clock: float) -> None:
+        self.room = room
+        self.clock = clock
+        self.ends: list[float] = []
+        self.at: dict[float, int] = {}
+
+    def hold(self, end: float, units: int) -> None:
+        """`units` more of it are held until `end` (the heap is made or kept by the caller)."""
+        if end in self.at:
+            self.at[end] += units
+        else:
+            self.at[end] = units
+            self.ends.append(end)
 
 
 class StartEstimates:
@@ -85,63 +107,85 @@ class StartEstimates:
         an estimate, and so every one after it in the same count. Neither placement nor preemption is
         modelled: a gang may start later than its estimate, reclaimed quota earlier.
         """
-        counts: dict[tuple[str, str], tuple[list[Scope], list[Scope]]] = {}
-        ends = self._running_ends(now, counts)
-        free: dict[Scope, int] = {}
-        clocks: dict[Scope, float] = defaultdict(lambda: now)
+        state: dict[Scope, _Count] = {}
+        groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]] = {}  # per (workspace, type)
+        self._running_ends(now, state, groups)
         estimates: dict[str, float] = {}
+        heappop, heappush, runtime = heapq.heappop, heapq.heappush, self._runtime
         for workload in order:
-            need = units_of(workload.total_gpus)
+            need = workload.units
             if not need:
                 continue
-            waits_on, takes_from = self._counts(workload.workspace, workload.gpu_type, counts)
-            start = max(now, workload.eligible_at)
-            for scope in waits_on:
-                if scope not in free:
-                    free[scope] = self._room(scope)
-                events = ends[scope]
-                while free[scope] < need and events:
-                    end, units = heapq.heappop(events)
-                    free[scope] += units
-                    clocks[scope] = max(clocks[scope], end)
-                start = max(start, clocks[scope])
-            if any(free[scope] < need for scope in waits_on):
+            group = groups.get((workload.workspace, workload.gpu_type))
+            waits_on, takes_from = group or self._group(workload.workspace, workload.gpu_type, now, state, groups)
+            start = workload.eligible_at if workload.eligible_at > now else now
+            short = False
+            for count in waits_on:
+                if count.room < need:
+                    room, clock, events, at = count.room, count.clock, count.ends, count.at
+                    while room < need and events:
+                        end = heappop(events)
+                        room += at.pop(end)
+                        if end > clock:
+                            clock = end
+                    count.room, count.clock = room, clock
+                    short = short or room < need
+                if count.clock > start:
+                    start = count.clock
+            if short:
                 continue  # more than could ever be free at once: no estimate
             if start <= now:
                 # The counts have room now, yet it did not start: what they leave out (placement, a
                 # node held, the cluster it asked for) holds it until at least the next end of its type.
-                events = ends[waits_on[0]]
-                start = events[0][0] if events else math.inf
-                for scope in waits_on:
-                    clocks[scope] = max(clocks[scope], start)
-            end = start + self._runtime(workload)
-            for scope in takes_from:
-                if scope not in free:
-                    free[scope] = self._room(scope)
-                free[scope] -= need
-                heapq.heappush(ends[scope], (end, need))
+                events = waits_on[0].ends
+                start = events[0] if events else math.inf
+                for count in waits_on:
+                    count.clock = max(count.clock, start)
+            end = start + runtime(workload)
+            for count in takes_from:
+                count.room -= need
+                at = count.at
+                if end in at:
+                    at[end] += need
+                else:
+                    at[end] = need
+                    heappush(count.ends, end)
             if start < math.inf:
                 estimates[workload.key] = start
         return estimates
 
     def _running_ends(
-        self, now: float, counts: dict[tuple[str, str], tuple[list[Scope], list[Scope]]]
-    ) -> dict[Scope, list[tuple[float, int]]]:
-        """Per count, a heap of (expected end, thousandths of a GPU) of the running work it holds."""
-        ends: dict[Scope, list[tuple[float, int]]] = defaultdict(list)
+        self, now: float, state: dict[Scope, _Count], groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]]
+    ) -> None:
+        """When the running work each count holds is expected to end, and how much of it."""
         for running in self.engine.running.values():
             w = running.workload
             if running.units:
                 end = self._expected_end(w, now)
-                for scope in self._counts(w.workspace, w.gpu_type, counts)[1]:
-                    ends[scope].append((end, running.units))
-        for events in ends.values():
-            heapq.heapify(events)
-        return ends
+                for count in (
+                    groups.get((w.workspace, w.gpu_type)) or self._group(w.workspace, w.gpu_type, now, state, groups)
+                )[1]:
+                    count.hold(end, running.units)
+        for count in state.values():
+            heapq.heapify(count.ends)
 
-    def _counts(
-        self, name: str, gpu_type: str, known: dict[tuple[str, str], tuple[list[Scope], list[Scope]]]
-    ) -> tuple[list[Scope], list[Scope]]:
+    def _group(
+        self,
+        name: str,
+        gpu_type: str,
+        now: float,
+        state: dict[Scope, _Count],
+        groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]],
+    ) -> tuple[list[_Count], list[_Count]]:
+        """`_counts` of a workspace and type, as the counts' states (made on first use)."""
+        waits_on, takes_from = self._counts(name, gpu_type)
+        for scope in takes_from:
+            if scope not in state:
+                state[scope] = _Count(self._room(scope), now)
+        group = groups[name, gpu_type] = [state[s] for s in waits_on], [state[s] for s in takes_from]
+        return group
+
+    def _counts(self, name: str, gpu_type: str) -> tuple[list[Scope], list[Scope]]:
         """(the counts a workload of this workspace and type must find room in, those its GPUs take
         from): the cluster's GPUs of the type, first; its workspace's quota, up to all it could ever
         borrow; and, where it may borrow, its cohort's quotas together, which bound what the cohort's
@@ -149,19 +193,24 @@ class StartEstimates:
 
         A quota count at least as large as the cluster's GPUs of the type is left out: it always has
         at least as much room as the GPUs' count (it starts with as much, and what runs outside it
-        only lowers the GPUs' count), so it could never be the one to wait for."""
-        if (name, gpu_type) not in known:
-            capacity = self.engine.capacity.get(gpu_type, 0)
-            gpus: Scope = ("type", gpu_type)
-            quota: list[Scope] = []
-            if self.ledger.ceiling(name, gpu_type, self.lendable) < capacity:
-                quota.append(("workspace", name, gpu_type))
-            ws = self.ledger.workspace(name)
-            cohort: list[Scope] = []
-            if ws.cohort is not None and self.ledger.borrowing and self._cohort_quota(ws.cohort, gpu_type) < capacity:
+        only lowers the GPUs' count), so it could never be the one to wait for. So is the quota count
+        of a workspace that borrows within its cohort and could hold all of the cohort's quotas: the
+        cohort's count has at most as much room at any time (it starts with no more, and the other
+        workspaces' work takes from it alone), so it is always the one waited for."""
+        capacity = self.engine.capacity.get(gpu_type, 0)
+        gpus: Scope = ("type", gpu_type)
+        ws = self.ledger.workspace(name)
+        cohort: list[Scope] = []
+        cohort_quota = 0
+        if ws.cohort is not None and self.ledger.borrowing:
+            cohort_quota = self._cohort_quota(ws.cohort, gpu_type)
+            if cohort_quota < capacity:
                 cohort.append(("cohort", ws.cohort, gpu_type))
-            known[name, gpu_type] = [gpus, *quota, *(cohort if ws.can_borrow else [])], [gpus, *quota, *cohort]
-        return known[name, gpu_type]
+        quota: list[Scope] = []
+        ceiling = self.ledger.ceiling(name, gpu_type, self.lendable)
+        if ceiling < capacity and not (cohort and ws.can_borrow and ceiling >= cohort_quota):
+            quota.append(("workspace", name, gpu_type))
+        return [gpus, *quota, *(cohort if ws.can_borrow else [])], [gpus, *quota, *cohort]
 
     def _members(self, cohort: str) -> list[str]:
         return [ws.name for ws in self.ledger.workspaces.values() if ws.cohort == cohort]

@@ -25,6 +25,11 @@ class Ledger:
         # (workspace, type); set anew in every pass (see owe).
         self.owed: dict[tuple[str, str], int] = defaultdict(int)
         self.owed_by: dict[tuple[str, str], int] = defaultdict(int)
+        # check's answers per (workspace, type, thousandths asked), with the version they hold for: a
+        # pass asks the same question of many workloads while nothing changes. (remember False: every
+        # answer worked out anew, as tests compare.)
+        self.checked: dict[tuple[str, str, int], tuple[int, tuple[bool, int, str]]] = {}
+        self.remember = True
 
     def workspace(self, name: str) -> WorkspaceInfo:
         return self.workspaces.get(name) or WorkspaceInfo(name)
@@ -113,11 +118,13 @@ class Ledger:
         owed = self.owed_by.get((name, gpu_type), 0)
         if owed:
             paid = min(owed, units)
+            self.version += 1
             self.owed_by[name, gpu_type] -= paid
             self.owed[self.workspace(name).cohort or "", gpu_type] -= paid  # owed only within a cohort
 
     def forget_owed(self) -> None:
         """A new pass: what is owed is worked out again from the queues."""
+        self.version += 1
         self.owed.clear()
         self.owed_by.clear()
 
@@ -133,7 +140,15 @@ class Ledger:
 
     def check(self, workload: Workload, units: int) -> tuple[bool, int, str]:
         """(fits, thousandths borrowed by this admission, the reason if it does not fit)."""
-        name, gpu_type = workload.workspace, workload.gpu_type
+        key = (workload.workspace, workload.gpu_type, units)
+        known = self.checked.get(key)
+        if known is not None and known[0] == self.version and self.remember:
+            return known[1]
+        answer = self._check(*key)
+        self.checked[key] = (self.version, answer)
+        return answer
+
+    def _check(self, name: str, gpu_type: str, units: int) -> tuple[bool, int, str]:
         nominal, borrowing_limit, _ = self._limits(name, gpu_type)
         used = self.used[name, gpu_type]
         after = used + units

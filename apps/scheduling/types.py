@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import cached_property
-from typing import Literal
+from itertools import count
+from typing import Literal, NamedTuple, overload
 
 ZERO = Decimal("0")
 UNIT = 1000  # thousandths of a GPU in one GPU: the finest share the portal accepts
@@ -116,14 +117,15 @@ class Workload:
     def total_gpus(self) -> Decimal:
         return self.gpus_per_replica * self.replicas
 
-    # Thousandths, worked out once per workload (the scheduling pass asks for them again and again).
-    @cached_property
-    def units(self) -> int:
-        return units_of(self.total_gpus)
+    # Thousandths of a GPU per replica and in all, worked out once (the scheduling pass asks for them
+    # again and again).
+    replica_units: int = field(init=False, repr=False, compare=False)
+    units: int = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def replica_units(self) -> int:
-        return units_of(self.gpus_per_replica)
+    def __post_init__(self) -> None:
+        replica_units = units_of(self.gpus_per_replica)
+        object.__setattr__(self, "replica_units", replica_units)
+        object.__setattr__(self, "units", replica_units * self.replicas)
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,56 @@ class Preempt:
     grace_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Pending:
+class Pending(NamedTuple):
+    """Why a workload still waits, where it stands and when it should start."""
+
     key: str
     reason: str
     workspace_position: int
     cluster_position: int
     estimated_start: float | None = None  # always after the cycle's `now`; None: unknown
+
+
+class PendingList(Sequence[Pending]):
+    """An explained pass's `Pending`, one per pending workload in the cluster's queue order, kept as
+    columns and made as they are read: made all at once, hundreds of thousands of objects that live
+    on cost the garbage collector more than the pass that explains them."""
+
+    __slots__ = ("estimates", "keys", "positions", "reasons")
+
+    def __init__(self, keys: list[str], reasons: list[str], positions: list[int], estimates: list[float | None]):
+        self.keys, self.reasons, self.positions, self.estimates = keys, reasons, positions, estimates
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @overload
+    def __getitem__(self, index: int) -> Pending: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Pending]: ...
+
+    def __getitem__(self, index: int | slice) -> Pending | list[Pending]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return Pending(self.keys[index], self.reasons[index], self.positions[index], index + 1, self.estimates[index])
+
+    def __iter__(self) -> Iterator[Pending]:
+        return map(Pending._make, zip(self.keys, self.reasons, self.positions, count(1), self.estimates))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PendingList({list(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -189,5 +234,5 @@ class Reject:
 class Decisions:
     admitted: list[Admit] = field(default_factory=list)
     preempted: list[Preempt] = field(default_factory=list)
-    pending: list[Pending] = field(default_factory=list)
+    pending: Sequence[Pending] = field(default_factory=list)
     rejected: list[Reject] = field(default_factory=list)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from apps.scheduling.engine import (
     Device,
     Engine,
     NodeInfo,
+    Pending,
     Policy,
     Quota,
     Reject,
@@ -25,6 +27,7 @@ from apps.scheduling.engine import (
     WorkspaceInfo,
     schedule,
 )
+from apps.scheduling.types import PendingList
 from tests.scheduling.builders import admitted, reasons, ws
 
 D = Decimal
@@ -796,3 +799,17 @@ def test_it_admits_a_workload_that_fits_alone_in_an_empty_cluster(
     assert admitted(decisions) == (["job:1"] if fits else [])
     # An idle cluster and a quota of its own only: what does not fit now never will (changed: was pending).
     assert [r.key for r in decisions.rejected] == ([] if fits else ["job:1"])
+
+
+def test_an_explained_pass_reads_as_a_list_of_pending() -> None:
+    listed = PendingList(["job:1", "job:2"], ["in line: 0 workloads ahead of it", "waiting"], [1, 1], [None, 5.0])
+    first, second = (
+        Pending("job:1", "in line: 0 workloads ahead of it", 1, 1, None),
+        Pending("job:2", "waiting", 1, 2, 5.0),
+    )
+
+    assert len(listed) == 2 and list(listed) == [first, second] and listed == [first, second]
+    assert listed[0] == first and listed[-1] == second and listed[1:] == [second]
+    assert listed != [first] and second.cluster_position == 2 and second.estimated_start == 5.0
+    with pytest.raises(IndexError):
+        listed[2]

@@ -1,7 +1,7 @@
-"""The pass's shortcuts decide exactly as the plain pass: a cycle without explanations (which refuses a
-workspace's hopeless queue at once, and remembers shapes that found no placement) admits and
-evicts the same workloads as an explained cycle, which examines every workload, cycle after cycle
-on a crowded cluster."""
+"""The pass's shortcuts decide exactly as the plain pass: cycles that refuse a workspace's hopeless
+queue at once, reuse a refusal's reason and remember shapes that found no placement admit and
+evict the same workloads, and explain the rest in the same words with the same estimates, as
+cycles that examine every workload one by one, cycle after cycle on a crowded cluster."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from apps.scheduling.engine import Engine
+from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import UNIT, Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo
 
@@ -47,9 +48,15 @@ def _stream(seed: int, count: int, start: int, now: float) -> list[Workload]:
     return out
 
 
-def _run(seed: int, explain: bool, calls: list[bool]) -> list[tuple[list[str], list[str]]]:
+Explained = list[tuple[str, str, int, int, float | None]]
+
+
+def _run(
+    seed: int, explain: bool, calls: list[bool], shortcuts: bool = True
+) -> tuple[list[tuple[list[str], list[str]]], list[Explained]]:
     workspaces, nodes = _cluster()
     engine = Engine(workspaces, nodes, Policy(min_runtime_s=120.0, starvation_s=10_000.0))
+    engine.shortcuts = engine.ledger.remember = shortcuts
     original = engine._nothing_fits
 
     def spy(*args: object) -> bool:
@@ -60,28 +67,41 @@ def _run(seed: int, explain: bool, calls: list[bool]) -> list[tuple[list[str], l
     engine._nothing_fits = spy  # type: ignore[method-assign]
     for workload in _stream(seed, 600, 0, 0.0):
         engine.submit(workload)
-    seq, history = 600, []
+    seq, history, explained = 600, [], []
     for step in range(12):
         now = step * 60.0
         for key in sorted(engine.running)[:10]:
             engine.finish(key, now)
         decisions = engine.cycle(now, explain=explain)
         history.append(([a.key for a in decisions.admitted], [p.key for p in decisions.preempted]))
+        explained.append([tuple(p) for p in decisions.pending])
         for workload in _stream(seed, 40, seq, now):
             engine.submit(workload)
         seq += 40
-    return history
+    return history, explained
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_cycles_without_explanations_decide_as_explained_ones(seed: int) -> None:
     quick_calls: list[bool] = []
-    quick = _run(seed, explain=False, calls=quick_calls)
-    explained = _run(seed, explain=True, calls=[])
+    quick, _ = _run(seed, explain=False, calls=quick_calls)
+    plain, _ = _run(seed, explain=True, calls=[], shortcuts=False)
 
-    assert quick == explained
+    assert quick == plain
     assert any(quick_calls), "the shortcut was never taken: the test checks nothing"
     assert sum(len(admitted) for admitted, _ in quick) > 100
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_explained_cycles_with_shortcuts_say_what_the_plain_pass_says(seed: int) -> None:
+    calls: list[bool] = []
+    fast, fast_explained = _run(seed, explain=True, calls=calls)
+    plain, plain_explained = _run(seed, explain=True, calls=[], shortcuts=False)
+
+    assert fast == plain
+    assert fast_explained == plain_explained
+    assert any(calls), "the shortcut was never taken: the test checks nothing"
+    assert sum(len(cycle) for cycle in fast_explained) > 1000
 
 
 def test_devices_given_back_leave_no_trace_on_where_work_goes() -> None:
@@ -103,3 +123,26 @@ def test_devices_given_back_leave_no_trace_on_where_work_goes() -> None:
     halves = pool.place(half, 2)  # two halves: the same device of the least node with room
     assert halves is not None
     assert [(node.name, devices) for node, devices in halves] == [("n1", [(0, half)]), ("n1", [(0, half)])]
+
+
+def test_the_ledger_answers_anew_once_quota_is_owed_or_repaid() -> None:
+    """check's remembered answers hold only while nothing changes: quota owed to an owner is not lent
+    again, and once repaid it may be lent again."""
+    owner = WorkspaceInfo("owner", (Quota("h100", Decimal(8)),), cohort="k", can_borrow=True)
+    borrower = WorkspaceInfo("borrower", (Quota("h100", Decimal(0)),), cohort="k", can_borrow=True)
+    ledger = Ledger({"owner": owner, "borrower": borrower}, borrowing=True)
+    for name in ("owner", "borrower"):
+        ledger.register(name, "h100")
+    asks = Workload("job:b", "borrower", "h100", Decimal(4))
+    assert ledger.check(asks, asks.units)[0]
+
+    ledger.owe("owner", "h100", 6 * UNIT)
+    assert not ledger.check(asks, asks.units)[0]
+
+    ledger.repaid("owner", "h100", 6 * UNIT)
+    assert ledger.check(asks, asks.units)[0]
+
+    ledger.owe("owner", "h100", 6 * UNIT)
+    assert not ledger.check(asks, asks.units)[0]
+    ledger.forget_owed()  # a new pass
+    assert ledger.check(asks, asks.units)[0]
