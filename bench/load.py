@@ -36,7 +36,7 @@ SETUP = """
 from decimal import Decimal
 import json, sys
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
+from apps.accounts.api_tokens import do_create_token
 from apps.inventory.actions import do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.workspaces.models import GPUQuota, Membership, Role, Workspace
@@ -47,7 +47,7 @@ tokens = []
 for n in range(int(sys.argv[1])):
     user = User.objects.create_user(f"load{n}")
     Membership.objects.create(workspace=workspace, user=user, role=Role.MEMBER)
-    tokens.append(Token.objects.create(user=user).key)
+    tokens.append(do_create_token(user, name="load", expires_in_days=1, acting_user=user)[1])
 print(json.dumps(tokens))
 """
 

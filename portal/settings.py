@@ -56,7 +56,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -356,6 +355,10 @@ SPECTACULAR_SETTINGS = {
 # The local cluster's GPUs where NVML finds none: "COUNTxTYPE[,COUNTxTYPE...]", e.g. "8xh100".
 PORTAL_DECLARED_GPUS = env_str("PORTAL_DECLARED_GPUS", "8xh100")
 PORTAL_LOCAL_CPU_CORES = env_int("PORTAL_LOCAL_CPU_CORES", 64, minimum=1)
+# Personal API tokens (apps/accounts/api_tokens.py): the longest life a user may give one, and the
+# life of the one `gpuportal login` makes.
+PORTAL_API_TOKEN_MAX_DAYS = env_int("PORTAL_API_TOKEN_MAX_DAYS", 365, minimum=1, maximum=3650)
+PORTAL_LOGIN_TOKEN_DAYS = env_int("PORTAL_LOGIN_TOKEN_DAYS", 30, minimum=1, maximum=3650)
 PORTAL_LOCAL_MEMORY_GB = env_int("PORTAL_LOCAL_MEMORY_GB", 512, minimum=1)
 # How an action asks for a scheduling cycle once its transaction commits:
 # "task" queues a Celery task, "inline" runs the cycle in-process, "off" leaves it to the loop.

@@ -9,9 +9,9 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from apps.accounts.api_tokens import do_create_token
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.inventory.actions import do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
@@ -35,11 +35,19 @@ class World:
     minimal: NotebookProfile
 
     def client(self, user: Any) -> APIClient:
-        """An API client that signs in with the user's token, as the CLI and SDK do."""
+        """An API client that signs in with a personal token of the user's, as the CLI and SDK do (one
+        per user, made on first use)."""
+        tokens = self.__dict__.setdefault("_tokens", {})
+        if user.pk not in tokens:
+            tokens[user.pk] = api_token(user)
         client = APIClient()
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {tokens[user.pk]}")
         return client
+
+
+def api_token(user: Any, name: str = "tests", **options: Any) -> str:
+    """A new personal API token of the user's: read-write, for all their workspaces, unless told."""
+    return do_create_token(user, name=name, expires_in_days=30, acting_user=user, **options)[1]
 
 
 def _user(username: str, *, staff: bool = False, groups: tuple[Group, ...] = ()) -> Any:

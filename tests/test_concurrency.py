@@ -5,15 +5,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from rest_framework.authtoken.models import Token
 
 from apps.compute.models import Instance
-from tests.personas import World
+from tests.personas import World, api_token
 
 
 def test_it_accepts_exactly_max_instances_of_20_parallel_launches(tx_world: World, live_server) -> None:
     assert tx_world.team_a.max_instances == 3
-    headers = {"Authorization": f"Token {Token.objects.create(user=tx_world.alice).key}"}
+    headers = {"Authorization": f"Token {api_token(tx_world.alice)}"}
 
     def launch(n: int) -> requests.Response:
         body = {"workspace": "team-a", "name": f"box-{n}", "profile": "cpu-small"}
@@ -43,7 +42,7 @@ def test_1000_concurrent_submissions_are_each_recorded_once_and_admitted_within_
     from apps.scheduling.adapter import run_cycle
 
     settings.PORTAL_SCHEDULER_TRIGGER = "off"  # one cycle after the burst, not one per request
-    headers = {"Authorization": f"Token {Token.objects.create(user=tx_world.alice).key}"}
+    headers = {"Authorization": f"Token {api_token(tx_world.alice)}"}
 
     def submit(n: int) -> requests.Response:
         body = {"workspace": "team-a", "name": f"burst-{n}", "command": "true", "gpu_type": "h100",

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import requests
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
-from tests.personas import World
+from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +40,7 @@ def _connections(database: str) -> int:
 
 def test_a_burst_of_500_requests_gets_500_answers_from_a_bounded_pool(tx_world: World) -> None:
     database = connection.settings_dict["NAME"]
-    token = Token.objects.create(user=tx_world.alice).key
+    token = api_token(tx_world.alice)
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": _database_url_for(connection.settings_dict)}
     env.update(DATABASE_POOL_MAX=str(POOL_MAX), DATABASE_CONN_MAX_AGE="0")

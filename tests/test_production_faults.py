@@ -27,10 +27,9 @@ from typing import Any
 import pytest
 import requests
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from tests.leftovers import stop_everything_of
-from tests.personas import World
+from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +202,7 @@ def _all_succeeded(client: Client, names: set[str]) -> bool:
 
 @pytest.mark.slow
 def test_each_process_killed_in_turn_loses_and_repeats_nothing(production: Production, tx_world: World) -> None:
-    client = Client(production, Token.objects.create(user=tx_world.alice).key)
+    client = Client(production, api_token(tx_world.alice))
     try:
         # 1. The worker dies while it starts a burst of jobs, as the first body runs (often between
         #    a start and its record: the next start adopts what runs); a new one comes up later.
@@ -277,7 +276,7 @@ def test_each_process_killed_in_turn_loses_and_repeats_nothing(production: Produ
 def test_restarting_each_process_in_any_order_leaves_running_work_alone(
     production: Production, tx_world: World, order: tuple[str, ...]
 ) -> None:
-    client = Client(production, Token.objects.create(user=tx_world.alice).key)
+    client = Client(production, api_token(tx_world.alice))
     marker = f"fault-{uuid.uuid4().hex[:8]}"
     for n in range(2):
         assert client.submit(f"long-{n}", f"sleep 120 # {marker}").status_code == 201

@@ -22,11 +22,10 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import connection
-from rest_framework.authtoken.models import Token
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.personas import World
+from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +97,7 @@ def _connections(database: str) -> int:
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="the production web process needs Redis")
 def test_several_web_workers_serve_the_api_and_live_updates_and_heal(tx_world: World, tmp_path: Path) -> None:
     database = connection.settings_dict["NAME"]
-    token = Token.objects.create(user=tx_world.alice).key
+    token = api_token(tx_world.alice)
     api = {"Authorization": f"Token {token}"}
     team = tx_world.team_a.name
     before = _connections(database)

@@ -2,26 +2,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import authenticate, get_user_model, password_validation
 from django.contrib.auth.models import Group, update_last_login
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.authtoken.models import Token
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
-from apps.accounts import actions
+from apps.accounts import actions, api_tokens
+from apps.accounts.models import ApiToken, WorkloadUser
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
+from apps.audit.actions import Origin
 from apps.workspaces.access import restrict
 from apps.workspaces.actions import ensure_private_workspace
 from apps.workspaces.models import Workspace
 
 User = get_user_model()
+_TEXT = r"^[^\u0000-\u001f\u007f]+$"  # no control characters
+_NAME = r"^[^\u0000-\u0020\u007f][^\u0000-\u001f\u007f]*$"  # and not starting with a space
 
 
 class UserSerializer(StrictModelSerializer):
@@ -124,24 +129,115 @@ class MeView(APIView):
 
 
 class TokenView(APIView):
-    """Exchange a username and password for an API token (for the CLI and SDK)."""
+    """Exchange a username and password for a personal API token (for the CLI and SDK): read-write,
+    for all of the user's workspaces, for `PORTAL_LOGIN_TOKEN_DAYS` days. It is listed with the
+    user's other tokens and can be revoked like them."""
 
     permission_classes = [AllowAny]
     authentication_classes: list[Any] = []
     throttle_classes = [AnonRateThrottle]
 
     class Credentials(StrictSerializer):
-        username = serializers.CharField(max_length=150)
-        password = serializers.CharField(max_length=128, style={"input_type": "password"})
+        username = serializers.RegexField(_TEXT, max_length=150, trim_whitespace=False)
+        password = serializers.CharField(max_length=128, style={"input_type": "password"}, trim_whitespace=False)
+        name = serializers.RegexField(_NAME, max_length=100, required=False, help_text="what to call the token")
 
     @extend_schema(request=Credentials, responses=inline_serializer("Token", {"token": serializers.CharField()}))
     def post(self, request: Request) -> Response:
         credentials = self.Credentials(data=request.data)
         credentials.is_valid(raise_exception=True)
-        user = authenticate(request._request, **credentials.validated_data)
+        data = credentials.validated_data
+        user = authenticate(request._request, username=data["username"], password=data["password"])
         if user is None:
             raise AuthenticationFailed("Wrong username or password.")
         ensure_private_workspace(user)
         update_last_login(None, user)  # an account used only through the API has been used too
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response({"token": token.key})
+        _, text = api_tokens.do_create_token(
+            user,
+            name=data.get("name") or "gpuportal login",
+            expires_in_days=settings.PORTAL_LOGIN_TOKEN_DAYS,
+            acting_user=user,
+            origin=Origin.from_request(request._request),
+        )
+        return Response({"token": text})
+
+
+class _WorkspaceName(serializers.SlugRelatedField):
+    """A workspace by name, or null; not an empty name (which DRF would take for null)."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data == "":
+            raise serializers.ValidationError("A workspace's name, or null for all of yours.")
+        return super().run_validation(data)
+
+
+class ApiTokenSerializer(StrictModelSerializer):
+    name = serializers.RegexField(_NAME, max_length=100, help_text="what the token is for")
+    expires_in_days = serializers.IntegerField(
+        write_only=True, min_value=1, max_value=settings.PORTAL_API_TOKEN_MAX_DAYS, required=False,
+        help_text="days until it expires (default 90; at most PORTAL_API_TOKEN_MAX_DAYS, 365 unless set)",
+    )  # fmt: skip
+    scope = serializers.ChoiceField(
+        choices=ApiToken.Scope.choices, required=False, help_text="read (read-only) or write (read-write, the default)"
+    )
+    workspace = _WorkspaceName(
+        slug_field="name", queryset=Workspace.objects.all(), required=False, allow_null=True,
+        help_text="limit the token to this workspace (null or left out: all of yours)",
+    )  # fmt: skip
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "key_id", "scope", "workspace", "created_at", "expires_at", "expires_in_days",
+                  "last_used_at", "revoked_at", "revoked_reason", "state"]  # fmt: skip
+        read_only_fields = ["key_id", "created_at", "expires_at", "last_used_at", "revoked_at", "revoked_reason"]
+
+    def get_state(self, token: ApiToken) -> str:
+        """active, expired or revoked"""
+        if token.revoked_at is not None:
+            return "revoked"
+        return "expired" if token.expires_at <= timezone.now() else "active"
+
+    def validate_workspace(self, workspace: Workspace | None) -> Workspace | None:
+        user = self.context["request"].user
+        if workspace is not None and not restrict(Workspace.objects.filter(pk=workspace.pk), user).exists():
+            raise serializers.ValidationError(f"Object with name={workspace.name} does not exist.")
+        return workspace
+
+
+class ApiTokenViewSet(PortalViewSet):
+    """Your personal API tokens: create (the token is in the answer, and only there), list and
+    revoke (DELETE: it is refused at once, and stays listed as revoked). Tokens are managed from a
+    signed-in session or with a read-write token for all of your workspaces, never with a token
+    limited to one workspace or a workload's."""
+
+    serializer_class = ApiTokenSerializer
+    http_method_names = ["get", "post", "delete", "head", "options"]
+    filterset_fields = ["scope", "key_id"]
+    ordering_fields = ["created_at", "expires_at", "last_used_at"]
+
+    def get_queryset(self) -> Any:
+        return ApiToken.objects.filter(user=self.request.user).select_related("workspace")
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        if isinstance(request.user, WorkloadUser):
+            raise PermissionDenied("Tokens limited to one workspace cannot manage tokens; sign in to do this.")
+
+    @extend_schema(responses=inline_serializer("NewToken", {"token": serializers.CharField()}))
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        token, text = api_tokens.do_create_token(
+            request.user,
+            name=data["name"],
+            expires_in_days=data.get("expires_in_days", min(90, settings.PORTAL_API_TOKEN_MAX_DAYS)),
+            scope=data.get("scope", ApiToken.Scope.WRITE),
+            workspace=data.get("workspace"),
+            **self.action_kwargs(),
+        )
+        return Response({**self.get_serializer(token).data, "token": text}, status=201)
+
+    def perform_destroy(self, instance: ApiToken) -> None:
+        api_tokens.do_revoke_token(instance, reason="revoked by its user", **self.action_kwargs())

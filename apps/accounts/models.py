@@ -1,11 +1,13 @@
-"""Accounts are Django's own users and groups. The one model here is how a workload's token
-presents its user to the API (apps/accounts/tokens.py)."""
+"""Accounts are Django's own users and groups. The models here are a user's personal API tokens
+(apps/accounts/api_tokens.py) and how a token limited to one workspace, a workload's or a personal
+one, presents its user to the API (apps/accounts/tokens.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import models
 
 
 class WorkloadUser(User):
@@ -36,3 +38,32 @@ class WorkloadUser(User):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a workload's view of a user is never saved: change the user itself")
+
+
+class ApiToken(models.Model):
+    """A personal API token: what the CLI and SDK sign in with. The secret is shown once, when the
+    token is made; only its SHA-256 is kept (a token is 256 random bits: a slow hash would add
+    nothing). `key_id` is the public part, shown in lists and used to find the row."""
+
+    class Scope(models.TextChoices):
+        READ = "read", "read-only"
+        WRITE = "write", "read-write"
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_id = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64)
+    scope = models.CharField(max_length=5, choices=Scope.choices, default=Scope.WRITE)
+    # Limited to one workspace (acting there alone, as a workload's token does); null: all of the user's.
+    workspace = models.ForeignKey("workspaces.Workspace", null=True, blank=True, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_id})"

@@ -1,11 +1,39 @@
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.contrib.auth.signals import user_logged_in
+from django.db.models.signals import post_save, pre_save
 from django.dispatch import receiver
 
+from apps.accounts.api_tokens import revoke_all
 from apps.workspaces.actions import ensure_private_workspace
 
 
 @receiver(user_logged_in)
 def give_private_workspace(sender: Any, user: Any, **kwargs: Any) -> None:
     ensure_private_workspace(user)
+
+
+@receiver(pre_save, sender=User)
+def note_credentials_change(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """Whether this save changes the user's password or deactivates them: their tokens then end."""
+    instance._tokens_end = ""
+    if instance.pk is None or kwargs.get("raw"):
+        return
+    before = User.objects.filter(pk=instance.pk).values("password", "is_active").first()
+    if before is None:
+        return
+    if before["is_active"] and not instance.is_active:
+        instance._tokens_end = "the user was deactivated"
+    elif before["password"] != instance.password:
+        instance._tokens_end = "the password was changed"
+
+
+@receiver(post_save, sender=User)
+def end_tokens(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """Changing a password or deactivating a user revokes every one of their personal tokens (Django
+    ends their sessions: a session holds a hash of the password, and an inactive user has none)."""
+    reason = getattr(instance, "_tokens_end", "")
+    if reason:
+        instance._tokens_end = ""
+        revoke_all(instance, reason=reason)

@@ -18,6 +18,8 @@ class Event(StrEnum):
     GROUP_CREATE = "group.create"
     GROUP_UPDATE = "group.update"
     GROUP_DELETE = "group.delete"
+    TOKEN_CREATE = "token.create"
+    TOKEN_REVOKE = "token.revoke"
 
     # Workspaces, memberships, quotas and cohorts (apps/workspaces)
     WORKSPACE_CREATE = "workspace.create"

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import dashboard, home, instances, jobs, members, notebooks
+from apps.web import dashboard, home, instances, jobs, members, notebooks, tokens
 
 app_name = "web"
 
@@ -16,6 +16,7 @@ urlpatterns = [
     ),
     path("logout/", auth_views.LogoutView.as_view(next_page="web:login"), name="logout"),
     path("switch/", home.switch, name="switch"),
+    path("tokens/", tokens.tokens, name="tokens"),
     path("w/<str:ws>/", dashboard.dashboard, name="dashboard"),
     path("w/<str:ws>/usage.json", dashboard.usage_data, name="usage"),
     path("w/<str:ws>/instances/", instances.instance_list, name="instances"),

@@ -89,6 +89,18 @@ class Client:
             anonymous.close()
         return cls(url, str(answer["token"]), **kwargs)
 
+    def revoke_token(self) -> bool:
+        """Revoke this client's own token on the portal (a personal token: `gpuportal logout` does);
+        False for a token the portal does not list, such as a workload's."""
+        if not self.token or not self.token.startswith("gpp_"):
+            return False
+        key_id = self.token.split("_", 2)[1]
+        found = self.request("GET", "tokens/", params={"key_id": key_id})["results"]
+        if not found:
+            return False
+        self.request("DELETE", f"tokens/{found[0]['id']}/")
+        return True
+
     def __repr__(self) -> str:
         return f"<gpuportal.Client {self.url}>"
 

@@ -315,5 +315,6 @@ ENDPOINTS = [
              change_by="admin", delete=True, delete_by="admin", more=more_groups),
 ]  # fmt: skip
 
-# API routes outside the router: who you are, and the one route open without signing in.
-OTHER_ROUTES = {"me/": "GET", "auth/token/": "POST"}
+# API routes outside the router: who you are, the one route open without signing in, and your own
+# tokens (tests/api/test_tokens.py).
+OTHER_ROUTES = {"me/": "GET", "auth/token/": "POST", "tokens/": "GET", "tokens/<int:pk>/": "GET"}

@@ -22,12 +22,11 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
 from schemathesis.config import SchemathesisConfig
 
 from apps.errors import RULE
 from portal.wsgi import application
-from tests.personas import make_world
+from tests.personas import api_token, make_world
 
 ACCEPTED = ["2xx", "400", "401", "403", "404", "409", "429"]
 config = SchemathesisConfig.from_dict({"checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}}})
@@ -63,7 +62,7 @@ def _one_connection() -> Iterator[None]:
 def token(db: None, request: Any) -> str:
     world = make_world()
     user = world.admin if request.param == "admin" else world.alice
-    return Token.objects.create(user=user).key
+    return api_token(user)
 
 
 @pytest.mark.parametrize("token", ["member", "admin"], indirect=True)

@@ -93,8 +93,9 @@ class TestEndpoint:
     @_rows(tenant=lambda row: row.tenant and row.create and rank(row.create_by) <= rank("alice"))
     def test_it_creates_nothing_in_another_tenants_workspace(self, row: Endpoint, world: World) -> None:
         body = row.create(world, world.team_b)  # type: ignore[misc]
+        alice = world.client(world.alice)
         audit = AuditEvent.objects.count()
-        response = world.client(world.alice).post(row.list_url, body, format="json")
+        response = alice.post(row.list_url, body, format="json")
         _assert_error(response, 400)
         [messages] = response.json()["error"]["fields"].values()
         assert messages[0].endswith("does not exist."), messages  # as for a workspace that does not exist

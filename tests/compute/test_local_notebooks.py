@@ -22,7 +22,6 @@ import requests
 import websocket
 from django.conf import settings as django_settings
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from apps.catalog.models import NotebookProfile
 from apps.compute.hosting import instance_dir
@@ -31,7 +30,7 @@ from apps.inventory.models import Allocation
 from apps.workloads.host import reconcile
 from apps.workspaces.actions import do_remove_membership
 from apps.workspaces.models import Membership, Role
-from tests.personas import PASSWORD, World
+from tests.personas import PASSWORD, World, api_token
 from tests.proxy import Proxy, browser_session, loopback_ws_options
 from tests.proxy import sign_in as portal_sign_in
 
@@ -47,7 +46,7 @@ def jupyter_profile(tx_world: World) -> NotebookProfile:
 
 
 def _token(user: Any) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
+    return api_token(user)
 
 
 def _pids(row: Instance | Notebook) -> list[int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from gpuportal import Client
+from gpuportal.errors import AuthenticationError
 
 from tests.sdk.conftest import GPUPORTAL, LivePortal, Run, submitted_id, wait_for
 
@@ -49,7 +50,12 @@ def test_it_logs_in_with_a_password_and_then_works_from_the_saved_token(
     workspaces = run("workspaces")
     assert re.search(r"demo-team\s+shared\s+owner\s+\S+/4 h100", workspaces.stdout), workspaces.stdout
 
-    assert run("logout").returncode == 0
+    token = re.search(r"token: (\S+)", config.read_text())
+    assert token is not None
+    logged_out = run("logout")
+    assert logged_out.returncode == 0 and "revoked it on the portal" in logged_out.stdout, logged_out
+    with pytest.raises(AuthenticationError, match="revoked"):
+        Client(live_portal.url, token.group(1)).me()  # the token is of no use to anyone any more
     signed_out = run("whoami")
     assert signed_out.returncode == 1
     assert "No portal token configured" in signed_out.stderr

@@ -24,6 +24,7 @@ from gpuportal.cli.app import (
     workspace_option,
 )
 from gpuportal.client import Client
+from gpuportal.errors import GPUPortalError
 from gpuportal.models import Instance, Notebook, fmt_duration
 
 
@@ -71,10 +72,17 @@ def login(
 
 @cli.command(epilog=examples("gpuportal logout"))
 def logout() -> None:
-    """Forget the saved token (the portal URL is kept)."""
+    """Revoke the saved token on the portal and forget it (the portal URL is kept)."""
     saved = config.read_file()
+    revoked = ""
+    if saved.url and saved.token:
+        try:
+            with Client(saved.url, saved.token) as client:
+                revoked = "revoked it on the portal and " if client.revoke_token() else ""
+        except GPUPortalError as error:  # already revoked or expired, or the portal is out of reach
+            revoked = f"could not revoke it on the portal ({error}); "
     path = config.write_file(config.Config(url=saved.url, workspace=saved.workspace))
-    click.echo(f"Logged out; removed the token from {path}.")
+    click.echo(f"Logged out; {revoked}removed the token from {path}.")
 
 
 @cli.command(epilog=examples("gpuportal whoami", "gpuportal whoami --json"))

@@ -1,0 +1,109 @@
+"""Personal API tokens: made and revoked by their user in the web pages and the API, several per
+user, each with a name, an expiry and a scope (read-only or read-write, all of the user's
+workspaces or one). ``gpuportal login`` makes one too.
+
+A token reads ``gpp_<key id>_<secret>``. Only the secret's SHA-256 is stored, so the token is shown
+once. A revoked or expired token is refused with a 401 that says which; changing a password or
+deactivating a user revokes all of that user's tokens (and Django ends their sessions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
+from rest_framework.exceptions import AuthenticationFailed
+
+from apps.accounts.models import ApiToken, WorkloadUser
+from apps.audit.actions import SYSTEM, Origin, do_log_event
+from apps.audit.events import Event
+
+PREFIX = "gpp_"
+_TOKEN_RE = re.compile(r"^gpp_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+# How often the last-used time is written: not on every request of a busy script.
+LAST_USED_EVERY = timedelta(minutes=1)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def do_create_token(
+    user: Any,
+    *,
+    name: str,
+    expires_in_days: int,
+    scope: str = ApiToken.Scope.WRITE,
+    workspace: Any = None,
+    acting_user: Any,
+    origin: Origin = SYSTEM,
+) -> tuple[ApiToken, str]:
+    """A new token for `user`, and its text (shown once, never stored)."""
+    secret = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name,
+            key_id=secrets.token_hex(6),
+            digest=_digest(secret),
+            scope=scope,
+            workspace=workspace,
+            expires_at=timezone.now() + timedelta(days=expires_in_days),
+        )
+        data = {"name": name, "scope": scope, "expires_at": token.expires_at.isoformat(), "key_id": token.key_id}
+        if workspace is not None:
+            data["workspace"] = workspace.name
+        do_log_event(Event.TOKEN_CREATE, token, acting_user=acting_user, origin=origin, data=data)
+    return token, f"{PREFIX}{token.key_id}_{secret}"
+
+
+def do_revoke_token(token: ApiToken, *, reason: str, acting_user: Any, origin: Origin = SYSTEM) -> None:
+    """Revoke a token at once (the next request with it is refused); a revoked one stays revoked."""
+    with transaction.atomic():
+        updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), revoked_reason=reason[:200]
+        )
+        if updated:
+            token.refresh_from_db()
+            do_log_event(Event.TOKEN_REVOKE, token, acting_user=acting_user, origin=origin, data={"reason": reason})
+
+
+def revoke_all(user: Any, *, reason: str, acting_user: Any = None, origin: Origin = SYSTEM) -> int:
+    """Revoke every live token of `user` (a password changed, the user deactivated); how many."""
+    count = 0
+    for token in ApiToken.objects.filter(user=user, revoked_at__isnull=True):
+        do_revoke_token(token, reason=reason, acting_user=acting_user, origin=origin)
+        count += 1
+    return count
+
+
+def authenticate_token(key: str) -> tuple[Any, ApiToken]:
+    """The user a personal token acts for (limited to its workspace if it has one), and the token;
+    AuthenticationFailed, saying why, if it is not genuine, revoked, expired or its user inactive."""
+    match = _TOKEN_RE.match(key)
+    token = (
+        ApiToken.objects.select_related("user", "workspace").filter(key_id=match.group(1)).first() if match else None
+    )
+    if match is None or token is None or not constant_time_compare(token.digest, _digest(match.group(2))):
+        raise AuthenticationFailed("Invalid token.")
+    now = timezone.now()
+    if token.revoked_at is not None:
+        why = f": {token.revoked_reason}" if token.revoked_reason else ""
+        raise AuthenticationFailed(f"This token was revoked on {token.revoked_at:%Y-%m-%d %H:%M} UTC{why}.")
+    if token.expires_at <= now:
+        raise AuthenticationFailed(f"This token expired on {token.expires_at:%Y-%m-%d %H:%M} UTC; create a new one.")
+    if not token.user.is_active:
+        raise AuthenticationFailed("User inactive or deleted.")
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_EVERY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    user: Any = token.user
+    if token.workspace_id is not None:
+        user = WorkloadUser.acting_for(token.user, workspace_id=token.workspace_id, workload=f"token {token.key_id}")
+    return user, token
