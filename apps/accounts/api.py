@@ -8,14 +8,13 @@ from django.contrib.auth.models import Group, update_last_login
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
-from apps.accounts import actions, api_tokens
+from apps.accounts import actions, api_tokens, throttle
 from apps.accounts.models import ApiToken, WorkloadUser
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
@@ -135,7 +134,7 @@ class TokenView(APIView):
 
     permission_classes = [AllowAny]
     authentication_classes: list[Any] = []
-    throttle_classes = [AnonRateThrottle]
+    # Failed sign-ins are limited per account and per address (apps/accounts/throttle.py).
 
     class Credentials(StrictSerializer):
         username = serializers.RegexField(_TEXT, max_length=150, trim_whitespace=False)
@@ -147,9 +146,13 @@ class TokenView(APIView):
         credentials = self.Credentials(data=request.data)
         credentials.is_valid(raise_exception=True)
         data = credentials.validated_data
+        wait = throttle.retry_after(data["username"], request._request)
+        if wait:
+            raise Throttled(wait, throttle.message(wait))
         user = authenticate(request._request, username=data["username"], password=data["password"])
         if user is None:
             raise AuthenticationFailed("Wrong username or password.")
+        throttle.clear_account(data["username"])
         ensure_private_workspace(user)
         update_last_login(None, user)  # an account used only through the API has been used too
         _, text = api_tokens.do_create_token(

@@ -6,4 +6,4 @@ class AccountsConfig(AppConfig):
     label = "accounts"
 
     def ready(self) -> None:
-        from apps.accounts import signals  # noqa: F401
+        from apps.accounts import signals, throttle  # noqa: F401

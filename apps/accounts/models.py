@@ -67,3 +67,12 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.key_id})"
+
+
+class SignInFailures(models.Model):
+    """Failed sign-ins in the current window, per account and per address (apps/accounts/throttle.py).
+    `key` is a hash, so that what was typed as a username is not kept."""
+
+    key = models.CharField(max_length=64, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    since = models.DateTimeField()

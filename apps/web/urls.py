@@ -1,19 +1,13 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import dashboard, home, instances, jobs, members, notebooks, tokens
+from apps.web import dashboard, home, instances, jobs, members, notebooks, signin, tokens
 
 app_name = "web"
 
 urlpatterns = [
     path("", home.landing, name="landing"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(
-            template_name="web/login.html", redirect_authenticated_user=True, next_page="web:landing"
-        ),
-        name="login",
-    ),
+    path("login/", signin.SignIn.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="web:login"), name="logout"),
     path("switch/", home.switch, name="switch"),
     path("tokens/", tokens.tokens, name="tokens"),
