@@ -18,7 +18,8 @@ from apps.accounts import actions, api_tokens, throttle
 from apps.accounts.models import ApiToken, WorkloadUser
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
-from apps.audit.actions import Origin
+from apps.audit.actions import Origin, do_log_event
+from apps.audit.events import Event
 from apps.workspaces.access import restrict
 from apps.workspaces.actions import ensure_private_workspace
 from apps.workspaces.models import Workspace
@@ -155,12 +156,14 @@ class TokenView(APIView):
         throttle.clear_account(data["username"])
         ensure_private_workspace(user)
         update_last_login(None, user)  # an account used only through the API has been used too
+        origin = Origin.from_request(request._request)
+        do_log_event(Event.SIGN_IN, user, acting_user=user, origin=origin)
         _, text = api_tokens.do_create_token(
             user,
             name=data.get("name") or "gpuportal login",
             expires_in_days=settings.PORTAL_LOGIN_TOKEN_DAYS,
             acting_user=user,
-            origin=Origin.from_request(request._request),
+            origin=origin,
         )
         return Response({"token": text})
 

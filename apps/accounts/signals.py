@@ -1,17 +1,41 @@
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.contrib.auth.signals import user_logged_in
+from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db.models.signals import post_save, pre_save
 from django.dispatch import receiver
+from django.http import HttpRequest
 
 from apps.accounts.api_tokens import revoke_all
+from apps.audit.actions import SYSTEM, Origin, do_log_event, do_log_failed_sign_in
+from apps.audit.events import Event
+from apps.audit.models import AuditEvent
 from apps.workspaces.actions import ensure_private_workspace
 
 
 @receiver(user_logged_in)
 def give_private_workspace(sender: Any, user: Any, **kwargs: Any) -> None:
     ensure_private_workspace(user)
+
+
+def _origin(request: HttpRequest | None) -> Origin:
+    if request is None:
+        return SYSTEM
+    api = request.path.startswith("/api/")
+    return Origin.from_request(request, via=AuditEvent.Via.API if api else AuditEvent.Via.WEB)
+
+
+@receiver(user_logged_in)
+def log_sign_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
+    """A session sign-in (the token endpoint logs its own: it makes no session)."""
+    do_log_event(Event.SIGN_IN, user, acting_user=user, origin=_origin(request))
+
+
+@receiver(user_login_failed)
+def log_failed_sign_in(
+    sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
+) -> None:
+    do_log_failed_sign_in(str(credentials.get("username") or ""), origin=_origin(request))
 
 
 @receiver(pre_save, sender=User)

@@ -66,3 +66,19 @@ def apply_changes(obj: models.Model, fields: dict[str, Any]) -> dict[str, Any]:
             setattr(obj, name, value)
             changed[name] = value if isinstance(value, (str, int, bool, list, type(None))) else str(value)
     return changed
+
+
+def do_log_failed_sign_in(username: str, *, origin: Origin = SYSTEM) -> AuditEvent:
+    """A failed sign-in: no one acted, and the target is the username tried (the account, if one has
+    that name)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(username=username).first()
+    return AuditEvent.objects.create(
+        action=Event.SIGN_IN_FAILED.value,
+        target_type="auth.user",
+        target_id=str(user.pk) if user else "",
+        target_repr=username[:150],
+        via=origin.via,
+        ip_address=origin.ip_address,
+    )

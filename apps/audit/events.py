@@ -18,6 +18,8 @@ class Event(StrEnum):
     GROUP_CREATE = "group.create"
     GROUP_UPDATE = "group.update"
     GROUP_DELETE = "group.delete"
+    SIGN_IN = "signin.success"
+    SIGN_IN_FAILED = "signin.failure"  # no actor; the target is the username that was tried
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
 

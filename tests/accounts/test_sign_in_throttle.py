@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts import throttle
 from apps.accounts.models import SignInFailures
+from apps.audit.models import AuditEvent
 from tests.personas import PASSWORD, World
 
 
@@ -80,3 +81,30 @@ def test_what_was_typed_as_a_username_is_not_kept(world: World) -> None:
 
     assert not SignInFailures.objects.filter(key__contains="secret").exists()
     assert SignInFailures.objects.count() == 2  # the account's count and the address's, as hashes
+
+
+def test_every_sign_in_is_in_the_audit_log_with_its_address(world: World) -> None:
+    _web("alice", "wrong", address="10.1.1.1")
+    _web("alice", PASSWORD, address="10.1.1.2")
+    _api("alice", PASSWORD, address="10.1.1.3")
+    _api("nobody", "guess", address="10.1.1.4")
+
+    events = list(
+        AuditEvent.objects.filter(action__startswith="signin.")
+        .order_by("id")
+        .values_list("action", "target_repr", "via", "ip_address", "actor_name")
+    )
+    assert events == [
+        ("signin.failure", "alice", "web", "10.1.1.1", ""),
+        ("signin.success", "alice", "web", "10.1.1.2", "alice"),
+        ("signin.success", "alice", "api", "10.1.1.3", "alice"),
+        ("signin.failure", "nobody", "api", "10.1.1.4", ""),
+    ]
+    # alice sees her own sign-ins; the failures, which no one is known to have made, only admins see.
+    seen = {
+        e["action"]
+        for e in world.client(world.alice).get("/api/v1/audit-events/?action__startswith=signin.").json()["results"]
+    }
+    assert seen == {"signin.success"}
+    everything = world.client(world.admin).get("/api/v1/audit-events/?action=signin.failure").json()["results"]
+    assert {e["target_repr"] for e in everything} == {"alice", "nobody"}
