@@ -93,8 +93,9 @@ def follow_a_job_live(page: Page, console: Page, setup: Setup, name: str) -> Non
     sign_in(page, setup.url, *setup.user)
     page.goto(f"{setup.url}/w/{setup.workspace}/jobs/new/")
     page.get_by_label("Name").fill(f"{name}-live")
-    # Long enough to be seen running on a loaded machine (a page's refresh can take seconds there).
-    page.get_by_label("Command").fill("sleep 8; echo done")
+    # Long enough to be seen running on a loaded machine: a page's refresh can take seconds there, and
+    # 8 s once went by between two refreshes (Admitted, then Succeeded) on a machine at half speed.
+    page.get_by_label("Command").fill("sleep 20; echo done")
     page.get_by_role("button", name="Submit").click()
     badge = page.locator("#job-state [data-state]")
     expect(badge).to_have_text("Queued")
