@@ -87,9 +87,7 @@ def authenticate_token(key: str) -> tuple[Any, ApiToken]:
     """The user a personal token acts for (limited to its workspace if it has one), and the token;
     AuthenticationFailed, saying why, if it is not genuine, revoked, expired or its user inactive."""
     match = _TOKEN_RE.match(key)
-    token = (
-        ApiToken.objects.select_related("user", "workspace").filter(key_id=match.group(1)).first() if match else None
-    )
+    token = ApiToken.objects.select_related("user").filter(key_id=match.group(1)).first() if match else None
     if match is None or token is None or not constant_time_compare(token.digest, _digest(match.group(2))):
         raise AuthenticationFailed("Invalid token.")
     now = timezone.now()

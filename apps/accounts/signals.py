@@ -44,6 +44,9 @@ def note_credentials_change(sender: Any, instance: Any, **kwargs: Any) -> None:
     instance._tokens_end = ""
     if instance.pk is None or kwargs.get("raw"):
         return
+    fields = kwargs.get("update_fields")
+    if fields is not None and not {"password", "is_active"} & set(fields):
+        return  # e.g. the last sign-in's time, written at every sign-in: no need to look
     before = User.objects.filter(pk=instance.pk).values("password", "is_active").first()
     if before is None:
         return

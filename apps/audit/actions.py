@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import models
 from django.http import HttpRequest
 
@@ -71,13 +72,11 @@ def apply_changes(obj: models.Model, fields: dict[str, Any]) -> dict[str, Any]:
 def do_log_failed_sign_in(username: str, *, origin: Origin = SYSTEM) -> AuditEvent:
     """A failed sign-in: no one acted, and the target is the username tried (the account, if one has
     that name)."""
-    from django.contrib.auth import get_user_model
-
-    user = get_user_model().objects.filter(username=username).first()
+    pk = get_user_model().objects.filter(username=username).values_list("pk", flat=True).first()
     return AuditEvent.objects.create(
         action=Event.SIGN_IN_FAILED.value,
         target_type="auth.user",
-        target_id=str(user.pk) if user else "",
+        target_id="" if pk is None else str(pk),
         target_repr=username[:150],
         via=origin.via,
         ip_address=origin.ip_address,
