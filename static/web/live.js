@@ -5,6 +5,10 @@
 // hx-trigger and re-render themselves from the server, so the server stays the one place that
 // formats a page. (A part about one object listens for its own event rather than filtering with
 // an hx-trigger expression: the Content-Security-Policy allows no eval, so htmx evaluates nothing.)
+// A live part's element stays for the page's life and only its inside is replaced (hx-swap
+// "innerHTML"): a change heard while the part's last request is out is queued on that element and
+// sent when the request returns. Were the element itself replaced, htmx would drop the queued
+// request with it, and the page would show a state already gone (Admitted while the job runs).
 (function () {
   "use strict";
   document.documentElement.classList.add("js");

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import requests
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
@@ -197,3 +197,34 @@ def test_live_in_the_redis_setup(page: Page, browser: Browser, portal: Portal) -
         follow_a_job_live(page, context.new_page(), setup, "redis")
     finally:
         context.close()
+    a_change_heard_during_a_refresh_is_shown(page, Job.objects.get(name="redis-live"))
+
+
+def a_change_heard_during_a_refresh_is_shown(page: Page, job: Job) -> None:
+    """A change pushed while the status part's last refresh is still out is shown once that refresh
+    returns, though the refresh brings the state before it. (Were the part's element replaced by its
+    refresh, htmx would drop the refresh queued for the second change: the page once said Admitted
+    for the whole run of a job, then Succeeded.) The portal's state is set here directly, and a
+    change heard is an event on the page, so that the order is exact."""
+    held: list[Route] = []
+
+    def hold_the_first(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    badge = page.locator("#job-state [data-state]")
+    expect(badge).to_have_text("Succeeded")
+    page.route(f"**/jobs/{job.pk}/?part=status", hold_the_first)
+    Job.objects.filter(pk=job.pk).update(state=Job.State.FAILED)
+    page.evaluate(f"document.body.dispatchEvent(new CustomEvent('live-job-{job.pk}', {{bubbles: true}}))")
+    page.wait_for_timeout(1000)  # past the part's 150 ms delay: its refresh is out, and held
+    assert len(held) == 1
+    stale = held[0].fetch()  # says Failed
+    Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
+    page.evaluate(f"document.body.dispatchEvent(new CustomEvent('live-job-{job.pk}', {{bubbles: true}}))")
+    page.wait_for_timeout(1000)  # the second refresh waits, queued behind the first
+    held[0].fulfill(response=stale)
+    expect(badge).to_have_text("Cancelled", timeout=10_000)
+    page.unroute(f"**/jobs/{job.pk}/?part=status")

@@ -205,5 +205,7 @@ def test_a_live_update_re_renders_only_the_table(world: World, signed_in: Signed
     check_launch_instance(world.team_a, name="box", profile=world.cpu_small, acting_user=world.alice)
     part = signed_in(world.alice).get("/w/team-a/instances/?part=table&show=live", headers={"HX-Request": "true"})
     html = part.content.decode()
-    assert html.lstrip().startswith('<div id="instance-table"') and "<html" not in html
-    assert 'hx-trigger="live-instance from:body' in html
+    # The table's inside only: the element that listens for changes stays on the page (see live.js).
+    assert html.lstrip().startswith('<table class="list">') and "<html" not in html and "hx-trigger" not in html
+    page = signed_in(world.alice).get("/w/team-a/instances/?show=live").content.decode()
+    assert 'id="instance-table"' in page and 'hx-trigger="live-instance from:body' in page
