@@ -226,6 +226,38 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/admin/login/"
 
+# --- Single sign-on through OpenID Connect (docs/identity.md) -----------------------------------
+# Off unless PORTAL_OIDC_ISSUER names the provider. Its endpoints come from the issuer's discovery
+# document (read when first needed, apps/accounts/oidc.py), or from the PORTAL_OIDC_*_ENDPOINT
+# variables where set. With SSO on, passwords work only for PORTAL_BREAK_GLASS_ADMIN.
+PORTAL_OIDC_ISSUER = env_str("PORTAL_OIDC_ISSUER").strip().rstrip("/")
+PORTAL_OIDC_CLIENT_ID = env_str("PORTAL_OIDC_CLIENT_ID").strip()
+PORTAL_OIDC_CLIENT_SECRET = env_secret("PORTAL_OIDC_CLIENT_SECRET")
+PORTAL_OIDC_SCOPES = env_str("PORTAL_OIDC_SCOPES", "openid email profile").strip()
+PORTAL_OIDC_GROUPS_CLAIM = env_str("PORTAL_OIDC_GROUPS_CLAIM", "groups").strip()
+PORTAL_OIDC_USERNAME_CLAIM = env_str("PORTAL_OIDC_USERNAME_CLAIM", "preferred_username").strip()
+# Members of any of these provider groups are platform admins (and only they, among SSO users).
+PORTAL_OIDC_ADMIN_GROUPS = env_list("PORTAL_OIDC_ADMIN_GROUPS")
+PORTAL_OIDC_PROVIDER_NAME = env_str("PORTAL_OIDC_PROVIDER_NAME", "single sign-on").strip()
+PORTAL_OIDC_AUTHORIZATION_ENDPOINT = env_str("PORTAL_OIDC_AUTHORIZATION_ENDPOINT").strip()
+PORTAL_OIDC_TOKEN_ENDPOINT = env_str("PORTAL_OIDC_TOKEN_ENDPOINT").strip()
+PORTAL_OIDC_USERINFO_ENDPOINT = env_str("PORTAL_OIDC_USERINFO_ENDPOINT").strip()
+PORTAL_OIDC_JWKS_URI = env_str("PORTAL_OIDC_JWKS_URI").strip()
+PORTAL_OIDC_END_SESSION_ENDPOINT = env_str("PORTAL_OIDC_END_SESSION_ENDPOINT").strip()
+PORTAL_BREAK_GLASS_ADMIN = env_str("PORTAL_BREAK_GLASS_ADMIN").strip()
+if PORTAL_OIDC_ISSUER and not (PORTAL_OIDC_CLIENT_ID and PORTAL_OIDC_CLIENT_SECRET):
+    raise ImproperlyConfigured("PORTAL_OIDC_ISSUER needs PORTAL_OIDC_CLIENT_ID and PORTAL_OIDC_CLIENT_SECRET.")
+if PRODUCTION and PORTAL_OIDC_ISSUER and not PORTAL_OIDC_ISSUER.startswith("https://"):
+    raise ImproperlyConfigured("PORTAL_OIDC_ISSUER must be an https:// address in production.")
+AUTHENTICATION_BACKENDS = ["apps.accounts.oidc.PasswordBackend", "apps.accounts.oidc.SsoBackend"]
+# mozilla-django-oidc's own settings; its client id, secret, scopes and the provider's endpoints are
+# read from the PORTAL_OIDC_* settings above by apps/accounts/oidc.py.
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # for the provider's logout (id_token_hint)
+OIDC_TIMEOUT = 10
+OIDC_AUTHENTICATION_CALLBACK_URL = "web:sso-callback"
+
 # --- Security (production defaults on, overridable for a TLS-terminating proxy) ---------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", PRODUCTION)

@@ -5,17 +5,18 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import authenticate, get_user_model, password_validation
 from django.contrib.auth.models import Group, update_last_login
+from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
+from rest_framework.exceptions import APIException, AuthenticationFailed, PermissionDenied, Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts import actions, api_tokens, throttle
-from apps.accounts.models import ApiToken, WorkloadUser
+from apps.accounts import actions, api_tokens, device_login, oidc, throttle
+from apps.accounts.models import ApiToken, DeviceLogin, WorkloadUser
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
 from apps.audit.actions import Origin, do_log_event
@@ -152,7 +153,9 @@ class TokenView(APIView):
             raise Throttled(wait, throttle.message(wait))
         user = authenticate(request._request, username=data["username"], password=data["password"])
         if user is None:
-            raise AuthenticationFailed("Wrong username or password.")
+            sso = " This portal signs in through single sign-on: run `gpuportal login --browser`."
+            hint = sso if oidc.enabled() else ""
+            raise AuthenticationFailed(f"Wrong username or password.{hint}")
         throttle.clear_account(data["username"])
         ensure_private_workspace(user)
         update_last_login(None, user)  # an account used only through the API has been used too
@@ -250,3 +253,79 @@ class ApiTokenViewSet(PortalViewSet):
 
     def perform_destroy(self, instance: ApiToken) -> None:
         api_tokens.do_revoke_token(instance, reason="revoked by its user", **self.action_kwargs())
+
+
+class _LoginNotReady(APIException):
+    status_code = 400
+    default_code = "authorization_pending"
+
+
+class DeviceLoginView(APIView):
+    """Start a sign-in of the CLI through the browser (`gpuportal login` on a portal with single
+    sign-on, or anywhere): a secret device code for the CLI, and a user code for the person to allow
+    on the page at `verification_uri`, signed in there. Then ask `auth/device/token/`."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+    PER_ADDRESS = 20  # logins waiting at once from one address
+
+    class Start(StrictSerializer):
+        name = serializers.RegexField(_NAME, max_length=100, required=False, help_text="what to call the token")
+
+    @extend_schema(
+        request=Start,
+        responses={
+            201: inline_serializer(
+                "DeviceLogin",
+                {
+                    "device_code": serializers.CharField(),
+                    "user_code": serializers.CharField(),
+                    "verification_uri": serializers.URLField(),
+                    "verification_uri_complete": serializers.URLField(),
+                    "expires_in": serializers.IntegerField(),
+                    "interval": serializers.IntegerField(),
+                },
+            )
+        },
+    )
+    def post(self, request: Request) -> Response:
+        body = self.Start(data=request.data)
+        body.is_valid(raise_exception=True)
+        address = request._request.META.get("REMOTE_ADDR") or None
+        waiting = DeviceLogin.objects.filter(address=address, expires_at__gt=timezone.now(), decided_at__isnull=True)
+        if waiting.count() >= self.PER_ADDRESS:
+            raise Throttled(device_login.TTL_S, "Too many sign-ins waiting from this address; try again later.")
+        device_code, row = device_login.start(body.validated_data.get("name") or "gpuportal login", address=address)
+        page = request.build_absolute_uri(reverse("web:cli-login"))
+        answer = {
+            "device_code": device_code,
+            "user_code": row.user_code,
+            "verification_uri": page,
+            "verification_uri_complete": f"{page}?code={row.user_code}",
+            "expires_in": device_login.TTL_S,
+            "interval": device_login.INTERVAL_S,
+        }
+        return Response(answer, status=201)
+
+
+class DeviceTokenView(APIView):
+    """Collect the token of a sign-in started at `auth/device/`, once it is allowed in the browser:
+    400 with code `authorization_pending` until then, `access_denied` if refused, `expired_token`
+    past its time, `invalid_grant` for an unknown or already collected one."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+
+    class Collect(StrictSerializer):
+        device_code = serializers.RegexField(r"^[A-Za-z0-9_-]+$", max_length=100)
+
+    @extend_schema(request=Collect, responses=inline_serializer("DeviceToken", {"token": serializers.CharField()}))
+    def post(self, request: Request) -> Response:
+        body = self.Collect(data=request.data)
+        body.is_valid(raise_exception=True)
+        origin = Origin.from_request(request._request)
+        try:
+            text = device_login.collect(body.validated_data["device_code"], origin=origin)
+        except device_login.LoginError as error:
+            raise _LoginNotReady(str(error), error.code) from error
+        return Response({"token": text})

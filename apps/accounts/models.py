@@ -76,3 +76,42 @@ class SignInFailures(models.Model):
     key = models.CharField(max_length=64, unique=True)
     failures = models.PositiveIntegerField(default=0)
     since = models.DateTimeField()
+
+
+class ExternalIdentity(models.Model):
+    """A user as the identity provider knows them: its issuer and the subject it gives them. Single
+    sign-on finds the user by this pair alone, never by email or name, so no one at the provider can
+    take over an account that merely shares an address or a username."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="identities")
+    issuer = models.CharField(max_length=500)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The provider's groups at the last sign-in, as it sent them (the portal's groups follow them).
+    groups = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"
+
+
+class DeviceLogin(models.Model):
+    """A sign-in of the CLI through the browser (apps/accounts/device_login.py): the CLI holds a
+    secret device code (only its SHA-256 is kept), the person types or follows the short user code
+    on the portal's page while signed in, and the CLI then collects a personal token, once."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    user_code = models.CharField(max_length=9, unique=True)
+    name = models.CharField(max_length=100)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    user = models.ForeignKey(User, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    approved = models.BooleanField(default=False)
+    collected_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.user_code

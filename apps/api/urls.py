@@ -1,7 +1,15 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from apps.accounts.api import ApiTokenViewSet, GroupViewSet, MeView, TokenView, UserViewSet
+from apps.accounts.api import (
+    ApiTokenViewSet,
+    DeviceLoginView,
+    DeviceTokenView,
+    GroupViewSet,
+    MeView,
+    TokenView,
+    UserViewSet,
+)
 from apps.audit.api import AuditEventViewSet
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import InstanceViewSet, NotebookViewSet
@@ -29,6 +37,8 @@ router.register("groups", GroupViewSet, basename="group")
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("auth/token/", TokenView.as_view(), name="token"),
+    path("auth/device/", DeviceLoginView.as_view(), name="device-login"),
+    path("auth/device/token/", DeviceTokenView.as_view(), name="device-token"),
     # A user's own tokens: not a tenant's objects (tests/api/test_tokens.py checks their isolation).
     path("tokens/", ApiTokenViewSet.as_view({"get": "list", "post": "create"}), name="apitoken-list"),
     path(

@@ -9,12 +9,18 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse
 
 from apps.accounts import throttle
+from apps.web import sso
 
 
 class SignIn(auth_views.LoginView):
     template_name = "web/login.html"
     redirect_authenticated_user = True
     next_page = "web:landing"
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        # With single sign-on the page leads with the provider's button; the password form stays,
+        # for the break-glass admin alone (apps/accounts/oidc.py refuses everyone else's password).
+        return {**super().get_context_data(**kwargs), **sso.sso_context()}
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         wait = throttle.retry_after(request.POST.get("username", ""), request)

@@ -1,16 +1,18 @@
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import dashboard, home, instances, jobs, members, notebooks, signin, tokens
+from apps.web import cli_login, dashboard, home, instances, jobs, members, notebooks, signin, sso, tokens
 
 app_name = "web"
 
 urlpatterns = [
     path("", home.landing, name="landing"),
     path("login/", signin.SignIn.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(next_page="web:login"), name="logout"),
+    path("logout/", sso.sign_out, name="logout"),
+    path("sso/start/", sso.SsoStart.as_view(), name="sso-start"),
+    path("sso/callback/", sso.SsoCallback.as_view(), name="sso-callback"),
     path("switch/", home.switch, name="switch"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("cli-login/", cli_login.cli_login, name="cli-login"),
     path("w/<str:ws>/", dashboard.dashboard, name="dashboard"),
     path("w/<str:ws>/usage.json", dashboard.usage_data, name="usage"),
     path("w/<str:ws>/instances/", instances.instance_list, name="instances"),

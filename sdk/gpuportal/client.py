@@ -7,7 +7,7 @@ portal.jobs.submit("job.yaml").wait()
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from gpuportal import __version__, config
-from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalUnreachable, error_for
+from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalUnreachable, ValidationError, error_for
 from gpuportal.models import User
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
 
@@ -85,6 +85,42 @@ class Client:
         anonymous = cls(url, **{k: v for k, v in kwargs.items() if k != "workspace"})
         try:
             answer = anonymous.request("POST", "auth/token/", json={"username": username, "password": password})
+        finally:
+            anonymous.close()
+        return cls(url, str(answer["token"]), **kwargs)
+
+    @classmethod
+    def login_in_browser(
+        cls,
+        url: str,
+        show: Callable[[str, str, str], None],
+        *,
+        name: str = "gpuportal login",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Client:
+        """Sign in through the portal's web page (single sign-on included) and connect.
+
+        `show(page, code, page_with_code)` tells the person where to go and which code to allow
+        there (the CLI prints both and opens a browser where there is one); then the portal is
+        asked every few seconds until the code is allowed (the token comes back), refused, or
+        expired (`AuthenticationError`)."""
+        anonymous = cls(url, **{k: v for k, v in kwargs.items() if k != "workspace"})
+        try:
+            login = anonymous.request("POST", "auth/device/", json={"name": name})
+            show(str(login["verification_uri"]), str(login["user_code"]), str(login["verification_uri_complete"]))
+            deadline = time.monotonic() + min(float(login["expires_in"]), timeout_s or float("inf"))
+            interval = max(1.0, float(login.get("interval") or 2))
+            while True:
+                try:
+                    answer = anonymous.request("POST", "auth/device/token/", json={"device_code": login["device_code"]})
+                    break
+                except ValidationError as error:
+                    if error.code != "authorization_pending":
+                        raise AuthenticationError(error.message, status=401, code=error.code) from error
+                if time.monotonic() + interval > deadline:
+                    raise AuthenticationError("The code was not allowed in time.", status=401, code="expired_token")
+                time.sleep(interval)
         finally:
             anonymous.close()
         return cls(url, str(answer["token"]), **kwargs)

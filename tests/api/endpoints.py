@@ -317,4 +317,11 @@ ENDPOINTS = [
 
 # API routes outside the router: who you are, the one route open without signing in, and your own
 # tokens (tests/api/test_tokens.py).
-OTHER_ROUTES = {"me/": "GET", "auth/token/": "POST", "tokens/": "GET", "tokens/<int:pk>/": "GET"}
+OTHER_ROUTES = {
+    "me/": "GET",
+    "auth/token/": "POST",
+    "auth/device/": "POST",
+    "auth/device/token/": "POST",
+    "tokens/": "GET",
+    "tokens/<int:pk>/": "GET",
+}

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import requests
 from gpuportal import Client
 from gpuportal.errors import AuthenticationError
 
@@ -213,3 +214,84 @@ def test_it_lists_profiles_and_jobs_as_tables_and_json(cli: Run) -> None:
     assert re.match(r"ID\s+Name\s+Workspace\s+GPUs\s+State\s+Queue / running for\n", listing) or listing == "(none)\n"
     missing = cli("status", "999999")
     assert (missing.returncode, missing.stderr) == (1, "Error: Job 999999 was not found (or you cannot see it).\n")
+
+
+def _web_session(url: str, username: str, password: str) -> requests.Session:
+    """A browser's session on the portal's pages, signed in with a password."""
+    browser = requests.Session()
+    browser.get(f"{url}/login/", timeout=30)
+    signed_in = browser.post(
+        f"{url}/login/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert signed_in.status_code == 302, signed_in.text[:500]
+    return browser
+
+
+def _decide(browser: requests.Session, link: str, decision: str) -> str:
+    page = browser.get(link, timeout=30)
+    assert page.status_code == 200 and "Is this the code your terminal shows?" in page.text, page.text[:500]
+    code = link.rsplit("=", 1)[1]
+    answer = browser.post(
+        link,
+        data={"code": code, "decision": decision, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+        timeout=30,
+    )
+    return answer.text
+
+
+def test_it_logs_in_through_the_browser_with_the_code_the_terminal_shows(
+    live_portal: LivePortal, cli_env: dict[str, str]
+) -> None:
+    """`gpuportal login --browser` (what a portal with single sign-on needs): the terminal prints a
+    link and a code; signed in on the web page, the person allows it; the token comes back."""
+    env = {k: v for k, v in cli_env.items() if k not in ("GPUPORTAL_URL", "GPUPORTAL_TOKEN")}
+    browser = _web_session(live_portal.url, "demo", live_portal.passwords["demo"])
+
+    def login() -> tuple[subprocess.Popen[str], str]:
+        cli = subprocess.Popen(
+            [GPUPORTAL, "login", "--url", live_portal.url, "--browser", "--no-open"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert cli.stdout is not None
+        shown = cli.stdout.readline() + cli.stdout.readline()
+        link = re.search(r"go straight to (\S+)\)", shown)
+        assert link and re.search(r"allow the code [A-Z]{4}-[A-Z]{4}", shown), shown
+        return cli, link.group(1)
+
+    refused, link = login()
+    assert "Refused" in _decide(browser, link, "refuse")
+    _, err = refused.communicate(timeout=60)
+    assert refused.returncode == 1 and "refused in the browser" in err and "Traceback" not in err
+    assert "No sign-in waits for the code" in browser.get(link, timeout=30).text  # decided once only
+
+    allowed, link = login()
+    assert "Allowed" in _decide(browser, link, "allow")
+    out, err = allowed.communicate(timeout=60)
+    assert allowed.returncode == 0, err
+    assert f"Logged in to {live_portal.url} as demo" in out
+    whoami = subprocess.run([GPUPORTAL, "whoami"], env=env, capture_output=True, text=True, timeout=60)
+    assert whoami.stdout.startswith(f"demo on {live_portal.url}"), whoami
+
+
+def test_a_browser_login_code_gives_its_token_once_and_only_to_its_device_code(live_portal: LivePortal) -> None:
+    api = requests.Session()
+    started = api.post(f"{live_portal.url}/api/v1/auth/device/", json={"name": "laptop"}, timeout=30).json()
+    collect = f"{live_portal.url}/api/v1/auth/device/token/"
+    pending = api.post(collect, json={"device_code": started["device_code"]}, timeout=30)
+    assert pending.status_code == 400 and pending.json()["error"]["code"] == "authorization_pending"
+    guessed = api.post(collect, json={"device_code": started["device_code"][:-2] + "xx"}, timeout=30)
+    assert guessed.status_code == 400 and guessed.json()["error"]["code"] == "invalid_grant"
+
+    browser = _web_session(live_portal.url, "demo", live_portal.passwords["demo"])
+    _decide(browser, started["verification_uri_complete"], "allow")
+    token = api.post(collect, json={"device_code": started["device_code"]}, timeout=30)
+    assert token.status_code == 200
+    assert Client(live_portal.url, token.json()["token"]).me().username == "demo"
+    again = api.post(collect, json={"device_code": started["device_code"]}, timeout=30)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_grant"

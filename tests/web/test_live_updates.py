@@ -112,7 +112,7 @@ for name, staff in (("ada", False), ("root", True)):
     ensure_private_workspace(user)
     session = SessionStore()
     session.update({SESSION_KEY: str(user.pk), HASH_SESSION_KEY: user.get_session_auth_hash(),
-                    BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend"})
+                    BACKEND_SESSION_KEY: "apps.accounts.oidc.PasswordBackend"})
     session.create()
     sessions[name] = session.session_key
 print(json.dumps(sessions))

@@ -29,6 +29,7 @@ from gpuportal.models import Instance, Notebook, fmt_duration
 
 
 @cli.command(epilog=examples(
+    "gpuportal login --url https://portal.example.org --browser     # single sign-on, in the browser",
     "gpuportal login --url http://127.0.0.1:8000 --username demo     # asks for the password",
     "gpuportal login --url https://portal.example.org --token \"$TOKEN\"",
     "echo \"$PASSWORD\" | gpuportal login --username demo --password-stdin",
@@ -38,17 +39,34 @@ from gpuportal.models import Instance, Notebook, fmt_duration
 @click.option("--token", help="An API token. Without it, give --username or paste one when asked.")
 @click.option("-u", "--username", help="Sign in with a username and password to get a token.")
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option(
+    "--browser",
+    is_flag=True,
+    help="Sign in on the portal's web page (single sign-on too): prints a link and a code, opens a browser if any.",
+)
+@click.option("--no-open", is_flag=True, help="With --browser: only print the link (a terminal without a browser).")
 @workspace_option
 def login(
-    url: str | None, token: str | None, username: str | None, password_stdin: bool, workspace: str | None
+    url: str | None,
+    token: str | None,
+    username: str | None,
+    password_stdin: bool,
+    browser: bool,
+    no_open: bool,
+    workspace: str | None,
 ) -> None:
-    """Store a portal URL and API token in ~/.config/gpuportal/config.yaml, checked first."""
+    """Store a portal URL and API token in ~/.config/gpuportal/config.yaml, checked first.
+
+    On a portal that signs in through an identity provider, use --browser: sign in there, allow the
+    code the terminal shows, and the token comes back here."""
     saved = config.read_file()
     url = url or os.environ.get("GPUPORTAL_URL") or saved.url
     if not url:
         url = click.prompt("Portal URL", default=config.DEFAULT_URL)
     if token:
         client = Client(url, token)
+    elif browser:
+        client = Client.login_in_browser(url, lambda page, code, link: _show_code(page, code, link, no_open))
     elif username or password_stdin:
         username = username or click.prompt("Username")
         password = sys.stdin.readline().rstrip("\r\n") if password_stdin else click.prompt("Password", hide_input=True)
@@ -57,8 +75,10 @@ def login(
         client = Client(url, saved.token)  # only changing the default workspace
     else:
         if not sys.stdin.isatty():
-            fail("Give --token, or --username to sign in with a password.", EXIT_USAGE)
-        token = click.prompt("API token (or run again with --username to sign in with a password)", hide_input=True)
+            fail("Give --token, --browser, or --username to sign in with a password.", EXIT_USAGE)
+        token = click.prompt(
+            "API token (or run again with --browser, or --username to sign in with a password)", hide_input=True
+        )
         client = Client(url, token)
     with client:
         me = client.me()
@@ -68,6 +88,17 @@ def login(
         path = config.write_file(config.Config(url=url, token=client.token, workspace=default))
     click.echo(f"Logged in to {url} as {me.username}; saved in {path}.")
     click.echo(f"Workspaces: {', '.join(me.workspaces)}; jobs go to {default or me.private_workspace} by default.")
+
+
+def _show_code(page: str, code: str, link: str, no_open: bool) -> None:
+    click.echo(f"Open {page} and allow the code {code}")
+    click.echo(f"(or go straight to {link}). Waiting...")
+    if not no_open:
+        import contextlib
+        import webbrowser
+
+        with contextlib.suppress(webbrowser.Error):  # no browser here: the link above is enough
+            webbrowser.open(link)
 
 
 @cli.command(epilog=examples("gpuportal logout"))
