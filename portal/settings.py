@@ -291,6 +291,15 @@ CONTENT_SECURITY_POLICY = {
         "frame-ancestors": ["'none'"],
     },
 }
+# Signing out of a portal with single sign-on is a form posted here that the portal answers with a
+# redirect to the provider's logout page: form-action must allow the provider's origin too.
+if PORTAL_OIDC_ISSUER:
+    from urllib.parse import urlsplit as _urlsplit
+
+    for _address in (PORTAL_OIDC_ISSUER, PORTAL_OIDC_END_SESSION_ENDPOINT):
+        if _address:
+            _origin = "{0.scheme}://{0.netloc}".format(_urlsplit(_address))
+            CONTENT_SECURITY_POLICY["DIRECTIVES"]["form-action"].append(_origin)
 # Browser features no page uses are off for the portal and anything it could embed; the pages' copy
 # buttons write to the clipboard.
 _DENIED_FEATURES = (

@@ -95,7 +95,16 @@ def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterator[Portal]:
+def portal_settings() -> dict[str, str]:
+    """Environment variables of the portal's processes beyond the ones `portal` sets (a test module
+    overrides this fixture: single sign-on's, for example)."""
+    return {}
+
+
+@pytest.fixture
+def portal(
+    transactional_db: None, static_root: Path, tmp_path: Path, portal_settings: dict[str, str]
+) -> Iterator[Portal]:
     """Web, worker and scheduler as `deploy/run.sh` starts them, on the test database and Redis.
 
     One per test, stopped before the test database is emptied for the next.
@@ -122,6 +131,7 @@ def portal(transactional_db: None, static_root: Path, tmp_path: Path) -> Iterato
             "PORTAL_TEST_ENV_DIR", str(Path.home() / ".cache" / "gpuportal" / "test-envs")
         ),
         "DJANGO_SETTINGS_MODULE": "portal.settings",
+        **portal_settings,
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     python = sys.executable

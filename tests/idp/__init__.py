@@ -69,14 +69,17 @@ class IdentityProvider:
 
 
 @contextmanager
-def identity_provider(tmp: Path, *, redirect_uris: list[str], logout_uris: list[str]) -> Iterator[IdentityProvider]:
-    """The provider, started for a portal whose sign-in ends at `redirect_uris`."""
+def identity_provider(
+    tmp: Path, *, redirect_uris: list[str], logout_uris: list[str], port: int | None = None
+) -> Iterator[IdentityProvider]:
+    """The provider, started for a portal whose sign-in ends at `redirect_uris` (on `port`, if given:
+    a portal reads the provider's configuration when first needed, so it may start first)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     kid = "test-key-1"
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key))
     jwk.pop("key_ops", None)  # PyJWT marks a private key "sign" only; the provider verifies with it too
     jwk.update(kid=kid, use="sig", alg="RS256")
-    port = free_port()
+    port = port or free_port()
     idp = IdentityProvider(
         issuer=f"http://127.0.0.1:{port}", accounts_file=tmp / "idp-accounts.json", private_key=key, kid=kid
     )
