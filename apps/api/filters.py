@@ -59,6 +59,7 @@ class KnownParameters(BaseFilterBackend):
             raise ValidationError({name: [f"Unknown query parameter. This list knows: {listed}."] for name in unknown})
         errors: dict[str, list[str]] = {}
         booleans = self._booleans(request, queryset, view)
+        choices = self._choices_of_lists(request, queryset, view)
         for name, values in request.query_params.lists():
             if len(values) > 1:
                 errors[name] = ["Give this parameter once (several values: name__in=a,b where the list has it)."]
@@ -66,6 +67,9 @@ class KnownParameters(BaseFilterBackend):
                 errors[name] = ["Null characters are not allowed."]
             elif name in booleans and values[0] not in ("true", "false"):
                 errors[name] = ["Expected true or false."]
+            elif name in choices and values[0] and not set(values[0].split(",")) <= choices[name]:  # "": no filter
+                wrong = sorted(set(values[0].split(",")) - choices[name])
+                errors[name] = [f"Not a choice: {', '.join(wrong)}. Choose among: {', '.join(sorted(choices[name]))}."]
         if errors:
             raise ValidationError(errors)
         return queryset
@@ -79,6 +83,24 @@ class KnownParameters(BaseFilterBackend):
                 if filterset is not None:
                     return {n for n, f in filterset.base_filters.items() if isinstance(f, BooleanFilter)}
         return set()
+
+    @staticmethod
+    def _choices_of_lists(request: Request, queryset: QuerySet[Any], view: Any) -> dict[str, set[str]]:
+        """`name__in` parameters of a field with choices (a state): what each value may be. django-filter
+        checks a single value against the choices, but not each of a list's."""
+        found: dict[str, set[str]] = {}
+        for backend_class in view.filter_backends:
+            backend = backend_class()
+            if not isinstance(backend, DjangoFilterBackend):
+                continue
+            filterset = backend.get_filterset_class(view, queryset)
+            for name, filter_ in (filterset.base_filters if filterset is not None else {}).items():
+                if filter_.lookup_expr != "in" or "__" in filter_.field_name:
+                    continue
+                field = queryset.model._meta.get_field(filter_.field_name)
+                if field.choices:
+                    found[name] = {str(value) for value, _ in field.flatchoices}
+        return found
 
     @staticmethod
     def _known(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:

@@ -41,3 +41,13 @@ def test_known_parameters_still_work(world: World) -> None:
         assert client.get("/api/v1/jobs/", query).status_code == 200, query
     # Detail routes and their actions keep their own parameters.
     assert client.get("/api/v1/workspaces/team-a/", {"colour": "blue"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs/", "/api/v1/instances/", "/api/v1/notebooks/"])
+def test_each_value_of_a_list_of_states_is_checked(world: World, path: str) -> None:
+    """`state=BOGUS` was refused and `state__in=BOGUS` answered an empty list, as if no object matched."""
+    client = world.client(world.alice)
+    refused = client.get(path, {"state__in": "QUEUED,BOGUS"} if "jobs" in path else {"state__in": "BOGUS"})
+    assert refused.status_code == 400
+    assert "Not a choice: BOGUS" in refused.json()["error"]["fields"]["state__in"][0]
+    assert client.get(path, {"state__in": ""}).status_code == 200  # no filter
