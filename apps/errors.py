@@ -43,3 +43,14 @@ class Conflict(ActionError):
 
     status_code = HTTPStatus.CONFLICT
     code = "conflict"
+
+
+class TooMany(ActionError):
+    """Too many of these in too short a time (invitations sent, say): try again in `retry_after` s."""
+
+    status_code = HTTPStatus.TOO_MANY_REQUESTS
+    code = "throttled"
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -265,7 +265,10 @@ def main() -> int:
             print(f"The portal did not start ({', '.join(failed) or 'web timed out'}); see {log_dir}.", flush=True)
             return 1
         print(f"\nGPU Portal is running at {url}", flush=True)
-        print(f"API docs: {url}/api/docs/   Logs: {log_dir}   Stop: Ctrl-C\n", flush=True)
+        print(f"API docs: {url}/api/docs/   Logs: {log_dir}   Stop: Ctrl-C", flush=True)
+        if not os.environ.get("EMAIL_HOST"):  # no mail server: invitations are written as files
+            print(f"Mail (invitations): written to {data_dir / 'mail'}; set EMAIL_HOST to send it", flush=True)
+        print(flush=True)
         # A child that dies is started again (running workloads are left alone and reattached);
         # the proxy's routes come back with the scheduler loop's next reconcile.
         while not stopping:

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.audit",
     "apps.workspaces",
+    "apps.invitations",
     "apps.catalog",
     "apps.inventory",
     "apps.compute",
@@ -225,6 +226,29 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+
+# --- Mail (invitations; docs/identity.md) ------------------------------------------------------
+# Through SMTP once EMAIL_HOST is set; else each message is written as a file under
+# PORTAL_DATA_DIR/mail (the embedded portal prints where), so that a link can still be followed.
+EMAIL_HOST = env_str("EMAIL_HOST").strip()
+if EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+    EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+    EMAIL_HOST_PASSWORD = env_secret("EMAIL_HOST_PASSWORD")
+    EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", EMAIL_PORT == 587)
+    EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", EMAIL_PORT == 465)
+    if EMAIL_USE_TLS and EMAIL_USE_SSL:
+        raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be on.")
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+EMAIL_FILE_PATH = DATA_DIR / "mail"
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1, maximum=300)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpu-portal@localhost>")
+# Invitations: how long a link lives, and how many a user, and a workspace, may send in an hour.
+PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
+PORTAL_INVITATIONS_PER_USER_HOUR = env_int("PORTAL_INVITATIONS_PER_USER_HOUR", 20, minimum=1)
+PORTAL_INVITATIONS_PER_WORKSPACE_HOUR = env_int("PORTAL_INVITATIONS_PER_WORKSPACE_HOUR", 50, minimum=1)
 
 # --- Single sign-on through OpenID Connect (docs/identity.md) -----------------------------------
 # Off unless PORTAL_OIDC_ISSUER names the provider. Its endpoints come from the issuer's discovery
@@ -400,6 +424,8 @@ PORTAL_LOCAL_CPU_CORES = env_int("PORTAL_LOCAL_CPU_CORES", 64, minimum=1)
 # life of the one `gpuportal login` makes.
 PORTAL_API_TOKEN_MAX_DAYS = env_int("PORTAL_API_TOKEN_MAX_DAYS", 365, minimum=1, maximum=3650)
 PORTAL_LOGIN_TOKEN_DAYS = env_int("PORTAL_LOGIN_TOKEN_DAYS", 30, minimum=1, maximum=3650)
+# How many tokens a user may make on the tokens page and through the API in an hour.
+PORTAL_TOKENS_PER_USER_HOUR = env_int("PORTAL_TOKENS_PER_USER_HOUR", 30, minimum=1)
 PORTAL_LOCAL_MEMORY_GB = env_int("PORTAL_LOCAL_MEMORY_GB", 512, minimum=1)
 # How an action asks for a scheduling cycle once its transaction commits:
 # "task" queues a Celery task, "inline" runs the cycle in-process, "off" leaves it to the loop.

@@ -105,6 +105,21 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
             f"{url}/api/v1/auth/token/", json={"username": "admin", "password": password.group(1)}, timeout=10
         ).json()["token"]
         headers = {"Authorization": f"Token {token}"}
+
+        # Without a mail server, an invitation is written where the start said, link and all.
+        assert f"Mail (invitations): written to {data_dir.resolve() / 'mail'}" in output
+        invited = requests.post(
+            f"{url}/api/v1/invitations/",
+            json={"workspace": "admin", "email": "dana@example.org", "role": "viewer"},
+            headers=headers,
+            timeout=10,
+        )
+        assert invited.status_code == 201 and invited.json()["sent_at"], invited.text
+        [mail] = (data_dir / "mail").iterdir()
+        link = re.search(r"(/invitations/[A-Za-z0-9_-]+/)", mail.read_text())
+        assert link and "To: dana@example.org" in mail.read_text()
+        assert "Make my account and accept" in requests.get(f"{url}{link.group(1)}", timeout=10).text
+
         profiles = requests.get(f"{url}/api/v1/compute-profiles/", headers=headers, timeout=10).json()
         assert profiles["count"] == 5
         notebooks = requests.get(f"{url}/api/v1/notebook-profiles/", headers=headers, timeout=10).json()

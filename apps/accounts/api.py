@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.exceptions import APIException, AuthenticationFailed, PermissionDenied, Throttled
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -145,7 +145,7 @@ class TokenView(APIView):
 
     @extend_schema(request=Credentials, responses=inline_serializer("Token", {"token": serializers.CharField()}))
     def post(self, request: Request) -> Response:
-        credentials = self.Credentials(data=request.data)
+        credentials = self.Credentials(data=request.data, context={"request": request})
         credentials.is_valid(raise_exception=True)
         data = credentials.validated_data
         wait = throttle.retry_after(data["username"], request._request)
@@ -247,17 +247,13 @@ class ApiTokenViewSet(PortalViewSet):
             expires_in_days=data.get("expires_in_days", min(90, settings.PORTAL_API_TOKEN_MAX_DAYS)),
             scope=data.get("scope", ApiToken.Scope.WRITE),
             workspace=data.get("workspace"),
+            limited=True,
             **self.action_kwargs(),
         )
         return Response({**self.get_serializer(token).data, "token": text}, status=201)
 
     def perform_destroy(self, instance: ApiToken) -> None:
         api_tokens.do_revoke_token(instance, reason="revoked by its user", **self.action_kwargs())
-
-
-class _LoginNotReady(APIException):
-    status_code = 400
-    default_code = "authorization_pending"
 
 
 class DeviceLoginView(APIView):
@@ -289,7 +285,7 @@ class DeviceLoginView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        body = self.Start(data=request.data)
+        body = self.Start(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         address = request._request.META.get("REMOTE_ADDR") or None
         waiting = DeviceLogin.objects.filter(address=address, expires_at__gt=timezone.now(), decided_at__isnull=True)
@@ -321,11 +317,8 @@ class DeviceTokenView(APIView):
 
     @extend_schema(request=Collect, responses=inline_serializer("DeviceToken", {"token": serializers.CharField()}))
     def post(self, request: Request) -> Response:
-        body = self.Collect(data=request.data)
+        body = self.Collect(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         origin = Origin.from_request(request._request)
-        try:
-            text = device_login.collect(body.validated_data["device_code"], origin=origin)
-        except device_login.LoginError as error:
-            raise _LoginNotReady(str(error), error.code) from error
+        text = device_login.collect(body.validated_data["device_code"], origin=origin)  # or a LoginError
         return Response({"token": text})

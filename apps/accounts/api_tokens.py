@@ -10,11 +10,14 @@ deactivating a user revokes all of that user's tokens (and Django ends their ses
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import secrets
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -23,6 +26,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from apps.accounts.models import ApiToken, WorkloadUser
 from apps.audit.actions import SYSTEM, Origin, do_log_event
 from apps.audit.events import Event
+from apps.errors import TooMany
 
 PREFIX = "gpp_"
 _TOKEN_RE = re.compile(r"^gpp_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -43,10 +47,16 @@ def do_create_token(
     workspace: Any = None,
     acting_user: Any,
     origin: Origin = SYSTEM,
+    limited: bool = False,
 ) -> tuple[ApiToken, str]:
-    """A new token for `user`, and its text (shown once, never stored)."""
+    """A new token for `user`, and its text (shown once, never stored). `limited`: made on the
+    tokens page or through the API, where a user may make `PORTAL_TOKENS_PER_USER_HOUR` an hour
+    (counting every token of theirs made in that hour); past it, `TooMany`."""
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
+        if limited:
+            User.objects.select_for_update().filter(pk=user.pk).first()  # one maker at a time
+            _check_rate(user)
         token = ApiToken.objects.create(
             user=user,
             name=name,
@@ -61,6 +71,20 @@ def do_create_token(
             data["workspace"] = workspace.name
         do_log_event(Event.TOKEN_CREATE, token, acting_user=acting_user, origin=origin, data=data)
     return token, f"{PREFIX}{token.key_id}_{secret}"
+
+
+def _check_rate(user: Any) -> None:
+    limit = settings.PORTAL_TOKENS_PER_USER_HOUR
+    made = ApiToken.objects.filter(user=user, created_at__gt=timezone.now() - timedelta(hours=1))
+    times = list(made.order_by("-created_at").values_list("created_at", flat=True)[:limit])
+    if len(times) >= limit:
+        wait = max(1, math.ceil((times[-1] + timedelta(hours=1) - timezone.now()).total_seconds()))
+        minutes = max(1, math.ceil(wait / 60))
+        raise TooMany(
+            f"{limit} new tokens an hour is the most one user may make; try again in {minutes} minute"
+            f"{'s' if minutes != 1 else ''}, or revoke and reuse the ones you have.",
+            retry_after=wait,
+        )
 
 
 def do_revoke_token(token: ApiToken, *, reason: str, acting_user: Any, origin: Origin = SYSTEM) -> None:

@@ -24,17 +24,19 @@ from django.utils import timezone
 from apps.accounts import api_tokens
 from apps.accounts.models import DeviceLogin
 from apps.audit.actions import Origin
+from apps.errors import ActionError
 
 TTL_S = 600
 INTERVAL_S = 2
 ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # no vowels (no words), no look-alikes
 
 
-class LoginError(Exception):
-    """What `collect` answers while there is no token to give: RFC 8628's error codes."""
+class LoginError(ActionError):
+    """What `collect` answers while there is no token to give (HTTP 400): RFC 8628's error codes, as
+    the error's code, about the device code."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, field="device_code")
         self.code = code
 
 

@@ -23,7 +23,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from apps.errors import RULE, ActionError
+from apps.errors import RULE, ActionError, TooMany
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -62,7 +62,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         fields = {exc.field: [exc.message]} if exc.field else None
         codes = {exc.field: [RULE]} if exc.field else None
         status_code = int(exc.status_code)
-        return Response(_body(status_code, exc.code, exc.message, fields, codes), status=status_code)
+        response = Response(_body(status_code, exc.code, exc.message, fields, codes), status=status_code)
+        if isinstance(exc, TooMany):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, RequestDataTooBig):  # Django's own limit, met before the parser's

@@ -10,16 +10,18 @@ from apps.accounts.api import (
     TokenView,
     UserViewSet,
 )
-from apps.audit.api import AuditEventViewSet
+from apps.audit.api import AuditEventViewSet, AuditExportView
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import InstanceViewSet, NotebookViewSet
 from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
+from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
 from apps.workspaces.api import CohortViewSet, GPUQuotaViewSet, MembershipViewSet, WorkspaceViewSet
 
 router = DefaultRouter()
 router.register("workspaces", WorkspaceViewSet, basename="workspace")
 router.register("memberships", MembershipViewSet, basename="membership")
+router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("quotas", GPUQuotaViewSet, basename="quota")
 router.register("cohorts", CohortViewSet, basename="cohort")
 router.register("compute-profiles", ComputeProfileViewSet, basename="computeprofile")
@@ -46,5 +48,7 @@ urlpatterns = [
         ApiTokenViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="apitoken-detail",
     ),
+    # Before the router's audit-events/<pk>/, which would take "export" for an id.
+    path("audit-events/export/", AuditExportView.as_view(), name="auditevent-export"),
     path("", include(router.urls)),
 ]

@@ -8,10 +8,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.decorators import action
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 
 from apps.api.fields import NameField, WorkspaceField
+from apps.api.negotiation import AnswerAsIs
 from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
@@ -78,17 +78,6 @@ class WorkloadStatusMixin(serializers.Serializer):
     estimated_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
     cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-
-
-class AnswerAsIs(BaseContentNegotiation):
-    """For a route that answers in a format of its own (a kubeconfig's YAML) whatever the client
-    accepts: its errors are the API's JSON, as everywhere."""
-
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
-        return parsers[0] if parsers else None
-
-    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
-        return renderers[0], renderers[0].media_type
 
 
 ERROR = {"$ref": "#/components/schemas/Error"}

@@ -1,14 +1,20 @@
 """A workspace's members: everyone who can see it sees who is in it; owners (and platform admins)
-add people, change roles and remove them, through the same actions as the API."""
+add people, change roles and remove them, and invite people by email (resend, withdraw), through the
+same actions as the API."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
 from apps.errors import ActionError
+from apps.invitations import actions as invitations
+from apps.invitations.models import Invitation
 from apps.web.common import Errors, action_kwargs, page, signed_in, workspace_for
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, can
@@ -19,6 +25,8 @@ def _change(request: HttpRequest, workspace: Workspace, errors: Errors) -> str |
     """Apply one change from the form; the message to show once done, or None with `errors`."""
     what = request.POST.get("action", "")
     role = request.POST.get("role", Role.MEMBER)
+    if what in ("invite", "resend", "withdraw"):
+        return _invitation_change(request, workspace, what, role, errors)
     if what in ("add", "role") and role not in Role.values:
         errors["role"] = ["Choose owner, member or viewer."]
         return None
@@ -47,11 +55,50 @@ def _change(request: HttpRequest, workspace: Workspace, errors: Errors) -> str |
     return None
 
 
+def _invitation_change(request: HttpRequest, workspace: Workspace, what: str, role: str, errors: Errors) -> str | None:
+    base_url = request.build_absolute_uri("/")
+    try:
+        if what == "invite":
+            email = request.POST.get("email", "").strip()
+            try:
+                validate_email(email)
+            except ValidationError:
+                errors["email"] = ["Give an email address, such as dana@example.org."]
+                return None
+            done = invitations.do_invite(workspace, email, role, base_url=base_url, **action_kwargs(request))
+            return _sent(done, f"{email} was invited to {workspace.name} as {Role(role).label.lower()}")
+        invitation = get_object_or_404(Invitation, pk=request.POST.get("invitation") or 0, workspace=workspace)
+        if what == "resend":
+            done = invitations.do_resend(invitation, base_url=base_url, **action_kwargs(request))
+            return _sent(done, f"The invitation of {invitation.email} was sent again, with a new link")
+        invitations.do_withdraw(invitation, **action_kwargs(request))
+        return f"The invitation of {invitation.email} was withdrawn: its link no longer works."
+    except ActionError as exc:
+        errors[exc.field if what == "invite" and exc.field else "form"] = [exc.message]
+        return None
+
+
+def _sent(invitation: Invitation, done: str) -> str:
+    if invitation.send_error:
+        return f"{done}, but the mail could not be sent ({invitation.send_error}): send it again later."
+    return f"{done}; the link is in the mail."
+
+
 def _add_form_values(request: HttpRequest) -> dict[str, str]:
     """What the add form shows: what was typed into it, not a row's role change."""
-    if request.POST.get("action") != "add":
-        return {"username": "", "role": Role.MEMBER}
-    return {"username": request.POST.get("username", ""), "role": request.POST.get("role", Role.MEMBER)}
+    what = request.POST.get("action")
+    values = {"username": "", "email": "", "role": Role.MEMBER, "invite_role": Role.MEMBER}
+    if what == "add":
+        values.update(username=request.POST.get("username", ""), role=request.POST.get("role", Role.MEMBER))
+    elif what == "invite":
+        values.update(email=request.POST.get("email", ""), invite_role=request.POST.get("role", Role.MEMBER))
+    return values
+
+
+def _pending(workspace: Workspace) -> list[Invitation]:
+    """The invitations not yet accepted or withdrawn (expired ones too: they can be sent again)."""
+    rows = Invitation.objects.filter(workspace=workspace, accepted_at__isnull=True, withdrawn_at__isnull=True)
+    return list(rows.select_related("invited_by").order_by("-created_at")[:200])
 
 
 @signed_in
@@ -71,7 +118,9 @@ def members(request: HttpRequest, ws: str) -> HttpResponse:
         "rows": rows,
         "roles": Role.choices,
         "may_manage": can(request.user, workspace, MANAGE),
+        "invitations": _pending(workspace) if can(request.user, workspace, MANAGE) else [],
         "errors": errors,
         "values": _add_form_values(request),
+        "invitation_days": settings.PORTAL_INVITATION_DAYS,
     }
     return page(request, "web/members.html", context, status=400 if errors else 200)

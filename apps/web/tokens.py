@@ -19,6 +19,7 @@ from django.views.decorators.cache import never_cache
 from apps.accounts.api import ApiTokenSerializer
 from apps.accounts.api_tokens import do_create_token, do_revoke_token
 from apps.accounts.models import ApiToken
+from apps.errors import ActionError
 from apps.web.common import Errors, action_kwargs, page, serializer_context, signed_in, validated
 
 SESSION_NEW_TOKEN = "web.new_token"
@@ -40,16 +41,25 @@ def _create(request: HttpRequest, values: dict[str, str], errors: Errors) -> str
     checked = validated(ApiTokenSerializer(data=data, context=serializer_context(request)), errors)
     if checked is None:
         return None
-    token, text = do_create_token(
+    try:
+        token, text = _make(request, checked)
+    except ActionError as error:  # too many made this hour
+        errors["form"] = [error.message]
+        return None
+    request.session[SESSION_NEW_TOKEN] = {"name": token.name, "text": text}
+    return f"Token {token.name} ({token.key_id}) was created."
+
+
+def _make(request: HttpRequest, checked: dict[str, Any]) -> tuple[ApiToken, str]:
+    return do_create_token(
         request.user,
         name=checked["name"],
         expires_in_days=checked.get("expires_in_days", default_days()),
         scope=checked.get("scope", ApiToken.Scope.WRITE),
         workspace=checked.get("workspace"),
+        limited=True,
         **action_kwargs(request),
     )
-    request.session[SESSION_NEW_TOKEN] = {"name": token.name, "text": text}
-    return f"Token {token.name} ({token.key_id}) was created."
 
 
 def _revoke(request: HttpRequest) -> str:

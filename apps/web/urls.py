@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.web import cli_login, dashboard, home, instances, jobs, members, notebooks, signin, sso, tokens
+from apps.web import cli_login, dashboard, home, instances, invitations, jobs, members, notebooks, signin, sso, tokens
 
 app_name = "web"
 
@@ -13,6 +13,7 @@ urlpatterns = [
     path("switch/", home.switch, name="switch"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("cli-login/", cli_login.cli_login, name="cli-login"),
+    path("invitations/<str:secret>/", invitations.invitation, name="invitation"),
     path("w/<str:ws>/", dashboard.dashboard, name="dashboard"),
     path("w/<str:ws>/usage.json", dashboard.usage_data, name="usage"),
     path("w/<str:ws>/instances/", instances.instance_list, name="instances"),

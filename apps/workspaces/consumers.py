@@ -1,19 +1,57 @@
-"""Live state changes of one workspace's instances, notebooks and jobs, over a WebSocket."""
+"""Live state changes of one workspace's instances, notebooks and jobs, over a WebSocket.
+
+Access is checked when the socket opens and again before each message it would send (the answer
+kept for at most `RECHECK_S`): a member removed, a user deactivated, an admin no longer one, gets
+no further message: the socket is closed (4403) instead."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.contrib.auth import get_user_model
 
 from apps.workspaces.access import restrict
 from apps.workspaces.live import CONSOLE_GROUP, HEARTBEAT_GROUP, group_name
 from apps.workspaces.models import Workspace
 
+RECHECK_S = 1.0
 
-class WorkspaceConsumer(AsyncJsonWebsocketConsumer):
+
+def _active_user(user: Any) -> Any:
+    """The user as the database has them now, if still active (the socket's copy is from its start)."""
+    if user is None or not user.is_authenticated:
+        return None
+    return get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+
+
+class _Rechecked(AsyncJsonWebsocketConsumer):
+    """A consumer that asks `allowed()` again before it sends, at most every `RECHECK_S`."""
+
+    checked_until = 0.0
+    refused = False
+
+    def allowed(self) -> bool:
+        raise NotImplementedError
+
+    async def state_changed(self, event: dict[str, Any]) -> None:
+        if self.refused:
+            return
+        now = time.monotonic()
+        if now >= self.checked_until:
+            if not await database_sync_to_async(self.allowed)():
+                self.refused = True
+                await self.close(code=4403)
+                return
+            self.checked_until = now + RECHECK_S
+        await self.send_json({"kind": event["kind"], **event["payload"]})
+
+
+class WorkspaceConsumer(_Rechecked):
     group: str | None = None
+    workspace_id: int | None = None
 
     @database_sync_to_async
     def _visible_workspace_id(self, name: str) -> int | None:
@@ -25,6 +63,7 @@ class WorkspaceConsumer(AsyncJsonWebsocketConsumer):
         if workspace_id is None:
             await self.close(code=4404)  # unknown, or another tenant's: the same to the client
             return
+        self.workspace_id = workspace_id
         self.group = group_name(workspace_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.channel_layer.group_add(HEARTBEAT_GROUP, self.channel_name)
@@ -35,11 +74,12 @@ class WorkspaceConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             await self.channel_layer.group_discard(HEARTBEAT_GROUP, self.channel_name)
 
-    async def state_changed(self, event: dict[str, Any]) -> None:
-        await self.send_json({"kind": event["kind"], **event["payload"]})
+    def allowed(self) -> bool:
+        user = _active_user(self.scope.get("user"))
+        return user is not None and restrict(Workspace.objects.filter(pk=self.workspace_id), user).exists()
 
 
-class ConsoleConsumer(AsyncJsonWebsocketConsumer):
+class ConsoleConsumer(_Rechecked):
     """Every workspace's state changes, for the admin console: platform admins only."""
 
     joined = False
@@ -59,5 +99,6 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             for group in (CONSOLE_GROUP, HEARTBEAT_GROUP):
                 await self.channel_layer.group_discard(group, self.channel_name)
 
-    async def state_changed(self, event: dict[str, Any]) -> None:
-        await self.send_json({"kind": event["kind"], **event["payload"]})
+    def allowed(self) -> bool:
+        user = _active_user(self.scope.get("user"))
+        return user is not None and user.is_staff

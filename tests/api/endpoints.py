@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.utils import timezone
 
 from apps.accounts.actions import do_save_group, do_save_user
 from apps.audit.actions import do_log_event
@@ -28,6 +30,8 @@ from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.inventory.models import GPU, Cluster, Node
+from apps.invitations.actions import do_invite
+from apps.invitations.models import Invitation
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workspaces.actions import (
@@ -159,6 +163,28 @@ def membership(world: World, workspace: Workspace) -> Any:
     return do_set_membership(workspace, guest, Role.MEMBER, acting_user=world.admin)
 
 
+def invitation(world: World, workspace: Workspace, email: str = "") -> Any:
+    return do_invite(
+        workspace,
+        email or f"guest@{workspace.name}.example.org",
+        Role.MEMBER,
+        base_url="http://testserver/",
+        acting_user=world.admin,
+    )
+
+
+def more_invitations(world: World, rows: range) -> None:
+    """Rows to list, written directly: sending this many would pass the hourly limit."""
+    for i in rows:
+        Invitation.objects.create(
+            workspace=world.team_a,
+            email=f"guest-{i}@example.org",
+            digest=f"{i:064x}",
+            invited_by=world.alice,
+            expires_at=timezone.now() + timedelta(days=7),
+        )
+
+
 def quota(world: World, workspace: Workspace) -> Any:
     return do_set_gpu_quota(workspace, "a100", gpus=Decimal("2"), acting_user=world.admin)
 
@@ -275,6 +301,10 @@ ENDPOINTS = [
     Endpoint("memberships", membership,
              create=lambda w, ws: {"workspace": ws.name, "user": "charlie", "role": "viewer"}, create_by="alice",
              patch={"role": "viewer"}, change_by="alice", delete=True, delete_by="alice", more=more_workspaces),
+    Endpoint("invitations", invitation,
+             create=lambda w, ws: {"workspace": ws.name, "email": "newcomer@example.org", "role": "viewer"},
+             create_by="alice", delete=True, delete_by="alice", actions=("resend",), change_by="alice",
+             more=more_invitations),
     Endpoint("quotas", quota, create=lambda w, ws: {"workspace": ws.name, "gpu_type": "l4", "gpus": "1.00"},
              create_by="admin", patch={"gpus": "3.00"}, change_by="admin", delete=True, delete_by="admin",
              more=more_quotas),
@@ -324,4 +354,5 @@ OTHER_ROUTES = {
     "auth/device/token/": "POST",
     "tokens/": "GET",
     "tokens/<int:pk>/": "GET",
+    "audit-events/export/": "GET",
 }

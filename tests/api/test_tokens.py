@@ -181,3 +181,20 @@ def test_the_last_use_is_written_at_most_once_a_minute(world: World) -> None:
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now() - LAST_USED_EVERY)
     client.get("/api/v1/me/")
     assert ApiToken.objects.get(pk=token.pk).last_used_at > first  # type: ignore[operator]
+
+
+def test_a_user_makes_a_limited_number_of_tokens_an_hour(world: World, settings: Any) -> None:
+    settings.PORTAL_TOKENS_PER_USER_HOUR = 3
+    bob = world.client(world.bob)  # its own token, made for the test, counts as one
+    for n in range(2):
+        assert bob.post("/api/v1/tokens/", {"name": f"t{n}"}, format="json").status_code == 201
+    refused = bob.post("/api/v1/tokens/", {"name": "one too many"}, format="json")
+    assert refused.status_code == 429 and 3000 < int(refused["Retry-After"]) <= 3600
+    assert "3 new tokens an hour is the most one user may make" in refused.json()["error"]["message"]
+    assert not ApiToken.objects.filter(name="one too many").exists()
+
+    page = Client()
+    page.force_login(world.bob)
+    answer = page.post("/tokens/", {"name": "from the page", "expires_in_days": "7", "scope": "read", "workspace": ""})
+    assert answer.status_code == 400 and "3 new tokens an hour" in answer.content.decode()
+    assert world.client(world.alice).post("/api/v1/tokens/", {"name": "alice's"}, format="json").status_code == 201

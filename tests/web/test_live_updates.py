@@ -7,6 +7,7 @@ and a separate process that sends, as the worker and the scheduler loop do."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -80,6 +81,29 @@ def test_a_heartbeat_reaches_every_open_page(tx_world: World) -> None:
         return messages
 
     assert async_to_sync(scenario)() == [{"kind": "heartbeat"}, {"kind": "heartbeat"}]
+
+
+def test_a_member_removed_or_deactivated_gets_no_further_message(tx_world: World) -> None:
+    """Access is checked again before each message: the next one after a removal closes the socket."""
+    from apps.workspaces.models import Membership
+
+    async def scenario() -> list[Any]:
+        victor, connected = await _open(tx_world.victor, "/ws/workspaces/team-a/")  # a viewer, by his own role
+        admin, admin_connected = await _open(tx_world.admin, "/ws/console/")
+        assert connected and admin_connected
+        await database_sync_to_async(heartbeat)()
+        heard = [await victor.receive_output(timeout=10), await admin.receive_output(timeout=10)]
+        await database_sync_to_async(Membership.objects.filter(user=tx_world.victor).delete)()
+        tx_world.admin.is_staff = False
+        await database_sync_to_async(tx_world.admin.save)()
+        await asyncio.sleep(1.1)  # past the consumer's one-second memory of its last check
+        await database_sync_to_async(heartbeat)()
+        heard += [await victor.receive_output(timeout=10), await admin.receive_output(timeout=10)]
+        return heard
+
+    first_victor, first_admin, then_victor, then_admin = async_to_sync(scenario)()
+    assert json.loads(first_victor["text"]) == json.loads(first_admin["text"]) == {"kind": "heartbeat"}
+    assert then_victor == then_admin == {"type": "websocket.close", "code": 4403}
 
 
 def test_a_quiet_socket_stays_open(tx_world: World) -> None:

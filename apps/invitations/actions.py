@@ -1,0 +1,242 @@
+"""Inviting someone to a workspace by email, and their acceptance.
+
+An owner invites an address with a role; the portal mails a link that carries a secret (only its
+SHA-256 is kept). The link is good once, for `PORTAL_INVITATION_DAYS` days, until withdrawn, and
+only for an account with that address: one that has it already (a local account, or one from the
+identity provider), or, without single sign-on, one the invitee makes from the link. Accepting
+gives the role (never lowering one the user holds already).
+
+Sending is limited per inviting user and per workspace, per hour (`PORTAL_INVITATIONS_PER_*_HOUR`),
+counted from the audit log: an invitation made or sent again counts once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+from datetime import timedelta
+from http import HTTPStatus
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from apps.audit.actions import SYSTEM, Origin, do_log_event
+from apps.audit.events import Event
+from apps.audit.models import AuditEvent
+from apps.errors import ActionError, Conflict, TooMany
+from apps.invitations.models import Invitation
+from apps.workspaces.actions import do_set_membership
+from apps.workspaces.models import ROLE_RANK, Membership, Role, Workspace
+
+logger = logging.getLogger(__name__)
+
+SENDINGS = (Event.INVITATION_CREATE.value, Event.INVITATION_RESEND.value)
+HOUR = timedelta(hours=1)
+
+
+class Gone(ActionError):
+    """The invitation was used, withdrawn or has expired."""
+
+    status_code = HTTPStatus.GONE
+    code = "gone"
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def find(secret: str) -> Invitation | None:
+    """The invitation a link's secret belongs to, whatever its state; None for no such link."""
+    if not secret or len(secret) > 100:
+        return None
+    return Invitation.objects.select_related("workspace", "invited_by").filter(digest=digest(secret)).first()
+
+
+def same_address(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and a.strip().casefold() == b.strip().casefold()
+
+
+def _check_rate(workspace: Workspace, acting_user: Any) -> None:
+    since = timezone.now() - HOUR
+    sent = AuditEvent.objects.filter(action__in=SENDINGS, created_at__gt=since)
+    for rows, limit, whose in (
+        (sent.filter(actor=acting_user), settings.PORTAL_INVITATIONS_PER_USER_HOUR, "you"),
+        (sent.filter(workspace=workspace), settings.PORTAL_INVITATIONS_PER_WORKSPACE_HOUR, f"workspace {workspace}"),
+    ):
+        times = list(rows.order_by("-created_at").values_list("created_at", flat=True)[:limit])
+        if len(times) >= limit:
+            wait = math.ceil((times[-1] + HOUR - timezone.now()).total_seconds())
+            minutes = max(1, math.ceil(wait / 60))
+            raise TooMany(
+                f"{limit} invitations an hour is the most {whose} may send; try again in {minutes} minute"
+                f"{'s' if minutes != 1 else ''}.",
+                retry_after=max(1, wait),
+            )
+
+
+def _send(invitation: Invitation, secret: str, base_url: str) -> None:
+    """Mail the link; a failure is kept on the invitation (shown, and it can be sent again)."""
+    link = f"{base_url.rstrip('/')}/invitations/{secret}/"
+    context = {"invitation": invitation, "link": link, "inviter": invitation.invited_by}
+    message = EmailMessage(
+        subject=f"{_inviter(invitation)} invited you to {invitation.workspace} on GPU Portal",
+        body=render_to_string("invitations/email.txt", context),
+        to=[invitation.email],
+    )
+    try:
+        message.send()
+    except Exception as error:  # SMTP refused, unreachable, timed out...
+        logger.warning("could not mail the invitation %s", invitation.pk, exc_info=True)
+        Invitation.objects.filter(pk=invitation.pk).update(send_error=f"{type(error).__name__}: {error}"[:500])
+        invitation.send_error = f"{type(error).__name__}: {error}"[:500]
+        return
+    now = timezone.now()
+    Invitation.objects.filter(pk=invitation.pk).update(sent_at=now, send_error="")
+    invitation.sent_at, invitation.send_error = now, ""
+
+
+def _inviter(invitation: Invitation) -> str:
+    user = invitation.invited_by
+    if user is None:
+        return "An admin"
+    return user.get_full_name() or user.get_username()
+
+
+def do_invite(
+    workspace: Workspace, email: str, role: str, *, base_url: str, acting_user: Any, origin: Origin = SYSTEM
+) -> Invitation:
+    """Invite `email` to the workspace with `role`, and mail the link. The caller has checked that
+    the acting user may manage the workspace."""
+    if role not in Role.values:
+        raise ActionError("Choose owner, member or viewer.", field="role")
+    email = email.strip()
+    secret = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        Workspace.objects.select_for_update().filter(pk=workspace.pk).first()  # one sender at a time
+        _check_rate(workspace, acting_user)
+        if Membership.objects.filter(workspace=workspace, user__email__iexact=email, user__is_active=True).exists():
+            raise Conflict(f"{email} is a member of {workspace} already.", field="email")
+        waiting = Invitation.objects.filter(
+            workspace=workspace,
+            email__iexact=email,
+            accepted_at__isnull=True,
+            withdrawn_at__isnull=True,
+            expires_at__gt=timezone.now(),
+        )
+        if waiting.exists():
+            raise Conflict(f"{email} has an invitation to {workspace} waiting: send it again instead.", field="email")
+        invitation = Invitation.objects.create(
+            workspace=workspace,
+            email=email,
+            role=role,
+            digest=digest(secret),
+            invited_by=acting_user,
+            expires_at=timezone.now() + timedelta(days=settings.PORTAL_INVITATION_DAYS),
+            times_sent=1,
+        )
+        do_log_event(
+            Event.INVITATION_CREATE,
+            invitation,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=workspace,
+            data={"email": email, "role": role},
+        )
+    _send(invitation, secret, base_url)
+    return invitation
+
+
+def do_resend(invitation: Invitation, *, base_url: str, acting_user: Any, origin: Origin = SYSTEM) -> Invitation:
+    """Mail a pending invitation again, with a new link (the old one stops working) and a new expiry."""
+    secret = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        Workspace.objects.select_for_update().filter(pk=invitation.workspace_id).first()
+        invitation = Invitation.objects.select_for_update().select_related("workspace").get(pk=invitation.pk)
+        if invitation.state in (Invitation.State.ACCEPTED, Invitation.State.WITHDRAWN):
+            raise Conflict(f"The invitation of {invitation.email} was {invitation.state}: it cannot be sent again.")
+        _check_rate(invitation.workspace, acting_user)
+        invitation.digest = digest(secret)
+        invitation.expires_at = timezone.now() + timedelta(days=settings.PORTAL_INVITATION_DAYS)
+        invitation.times_sent += 1
+        invitation.save(update_fields=["digest", "expires_at", "times_sent"])
+        do_log_event(
+            Event.INVITATION_RESEND,
+            invitation,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=invitation.workspace,
+            data={"email": invitation.email},
+        )
+    _send(invitation, secret, base_url)
+    return invitation
+
+
+def do_withdraw(invitation: Invitation, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
+    """Withdraw a pending invitation: its link stops working at once."""
+    with transaction.atomic():
+        invitation = Invitation.objects.select_for_update().select_related("workspace").get(pk=invitation.pk)
+        if invitation.state == Invitation.State.ACCEPTED:
+            raise Conflict(f"{invitation.email} accepted already: remove them from the members instead.")
+        if invitation.withdrawn_at is not None:
+            return
+        invitation.withdrawn_at = timezone.now()
+        invitation.save(update_fields=["withdrawn_at"])
+        do_log_event(
+            Event.INVITATION_WITHDRAW,
+            invitation,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=invitation.workspace,
+            data={"email": invitation.email},
+        )
+
+
+def check_usable(invitation: Invitation | None) -> Invitation:
+    """The invitation, if its link may still be used; else why not."""
+    if invitation is None:
+        raise ActionError("This invitation link is not valid: check that it was copied whole.")
+    if invitation.state == Invitation.State.ACCEPTED:
+        raise Gone("This invitation was accepted already; each link works once.")
+    if invitation.state == Invitation.State.WITHDRAWN:
+        raise Gone("This invitation was withdrawn. Ask whoever invited you for a new one.")
+    if invitation.state == Invitation.State.EXPIRED:
+        raise Gone("This invitation has expired. Ask whoever invited you to send it again.")
+    return invitation
+
+
+def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
+    """Accept an invitation as `user`, whose address must be the invited one."""
+    with transaction.atomic():
+        found = find(secret)
+        invitation = check_usable(
+            Invitation.objects.select_for_update().select_related("workspace").filter(pk=found.pk).first()
+            if found
+            else None
+        )
+        if not same_address(user.email, invitation.email):
+            raise ActionError(
+                f"This invitation is for {invitation.email}, and you are signed in as {user.get_username()}"
+                f"{f' ({user.email})' if user.email else ''}. Sign out, and sign in with that address's account."
+            )
+        workspace = invitation.workspace
+        held = Membership.objects.filter(workspace=workspace, user=user).values_list("role", flat=True).first()
+        if held is None or ROLE_RANK[Role(held)] < ROLE_RANK[Role(invitation.role)]:
+            do_set_membership(workspace, user, invitation.role, acting_user=user, origin=origin)
+        invitation.accepted_at = timezone.now()
+        invitation.accepted_by = user
+        invitation.save(update_fields=["accepted_at", "accepted_by"])
+        do_log_event(
+            Event.INVITATION_ACCEPT,
+            invitation,
+            acting_user=user,
+            origin=origin,
+            workspace=workspace,
+            data={"email": invitation.email, "role": invitation.role},
+        )
+    return invitation

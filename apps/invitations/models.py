@@ -1,0 +1,53 @@
+"""Invitations by email to a workspace, with a role (apps/invitations/actions.py).
+
+The link's secret is never stored: only its SHA-256. An invitation is for one address, is good once,
+and until it expires or is withdrawn."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from apps.workspaces.models import Role
+
+
+class Invitation(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ACCEPTED = "accepted", "Accepted"
+        WITHDRAWN = "withdrawn", "Withdrawn"
+        EXPIRED = "expired", "Expired"
+
+    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()  # as typed, compared without case
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    digest = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)  # the last time its mail went out
+    times_sent = models.PositiveIntegerField(default=0)
+    send_error = models.CharField(max_length=500, blank=True)  # why the last sending failed, if it did
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    withdrawn_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["workspace", "email"])]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.workspace}"
+
+    @property
+    def state(self) -> str:
+        if self.accepted_at is not None:
+            return self.State.ACCEPTED
+        if self.withdrawn_at is not None:
+            return self.State.WITHDRAWN
+        if self.expires_at <= timezone.now():
+            return self.State.EXPIRED
+        return self.State.PENDING
