@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -16,6 +17,7 @@ from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
 from tests.browser.conftest import EmbeddedSite, Portal, off_the_loop, screenshot
 from tests.browser.conftest import sign_in as sign_in_as
+from tests.mail import Mailbox, body_of, smtp_server
 from tests.personas import PASSWORD, World, make_world
 
 pytestmark = pytest.mark.slow
@@ -31,6 +33,18 @@ WATCH_STATES = """() => {
     if (badge && last !== badge.dataset.state) window.__seen.push(badge.dataset.state);
   }).observe(document.body, {subtree: true, childList: true});
 }"""
+
+
+@pytest.fixture
+def mailbox() -> Iterator[Mailbox]:
+    with smtp_server() as box:
+        yield box
+
+
+@pytest.fixture
+def portal_settings(mailbox: Mailbox) -> dict[str, str]:
+    """The portal sends its mail (invitations) to a real SMTP server on loopback."""
+    return {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(mailbox.port), "EMAIL_USE_TLS": "false"}
 
 
 @pytest.fixture
@@ -70,7 +84,58 @@ def launch_instance(page: Page, name: str, size: str) -> None:
     expect(page.get_by_role("heading", level=1)).to_have_text(name)
 
 
-def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal: Portal, people: World) -> None:
+def invite_and_revoke(page: Page, portal: Portal, mailbox: Mailbox, notebook: Notebook) -> None:
+    page.goto(f"{portal.url}/w/team-a/members/")
+    page.get_by_role("textbox", name="Email").fill("dana@example.org")
+    page.get_by_role("button", name="Invite").click()
+    expect(page.locator(".flash")).to_contain_text("dana@example.org was invited to team-a as member")
+    expect(page.locator('[data-invitation="dana@example.org"]')).to_contain_text("Waiting")
+    screenshot(page, "members-invited")
+    [mail] = mailbox.wait_for(1)
+    link = re.search(r"(http://\S+/invitations/[A-Za-z0-9_-]+/)", body_of(mail))
+    assert link and mail["To"] == "dana@example.org"
+
+    dana = page.context.browser.new_context(viewport={"width": 390, "height": 844})  # her phone
+    try:
+        guest = dana.new_page()
+        guest.goto(link.group(1))
+        expect(guest.get_by_role("heading", level=1)).to_have_text("You are invited")
+        screenshot(guest, "invitation-phone", live=False)
+        guest.get_by_label("Username").fill("dana")
+        guest.get_by_label("Password", exact=True).fill(PASSWORD)
+        guest.get_by_label("Password again").fill(PASSWORD)
+        guest.get_by_role("button", name="Make my account and accept").click()
+        expect(guest.locator(".flash")).to_contain_text("You are now member of team-a")
+        guest.goto(f"{portal.url}/w/team-a/notebooks/{notebook.pk}/")
+        with dana.expect_page() as opened:
+            guest.get_by_role("link", name="Open Jupyter").click()
+        lab = opened.value
+        lab.wait_for_load_state()
+        assert lab.title() == "JupyterLab", lab.url
+        assert lab.evaluate(RUN_CELL, {"code": "print('dana here')"}) == "dana here\n"
+
+        # What her JupyterLab asks of its server: answered now; sent back to sign in once removed.
+        status = (
+            "() => fetch('/api/contents', {redirect: 'manual'}).then(r => r.type == 'opaqueredirect' ? 0 : r.status)"
+        )
+        assert lab.evaluate(status) == 200
+        page.goto(f"{portal.url}/w/team-a/members/")
+        page.locator('[data-member="dana"]').get_by_role("button", name="Remove").click()
+        expect(page.locator(".flash")).to_contain_text("dana was removed from team-a")
+        for _ in range(50):  # the notebook's server asks the portal again at most a second later
+            if lab.evaluate(status) != 200:
+                break
+            lab.wait_for_timeout(200)
+        assert lab.evaluate(status) in (0, 403)
+        guest.goto(f"{portal.url}/w/team-a/")
+        expect(guest.get_by_role("heading", level=1)).to_have_text("Page not found")
+    finally:
+        dana.close()
+
+
+def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(
+    page: Page, portal: Portal, people: World, mailbox: Mailbox
+) -> None:
     world = people
     # Bob's long job holds 3 of team-a's 4 H100: alice's job will have to wait for it.
     bobs = check_submit_job(
@@ -128,6 +193,10 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(page: Page, portal
     )
     assert jupyter.evaluate(RUN_CELL, {"code": sdk_cell}) == "SUCCEEDED team-a\n"
     jupyter.close()
+
+    # 4b. invite a colleague by email: she follows the mailed link, makes her account, opens the
+    # same notebook; removed from the workspace, her open notebook refuses her next request
+    invite_and_revoke(page, portal, mailbox, notebook)
 
     # 5. submit a 1-GPU job and watch it go queued -> running -> succeeded, without reloading
     nav(page, "Jobs").click()
