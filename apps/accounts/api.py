@@ -138,6 +138,9 @@ class TokenView(APIView):
     authentication_classes: list[Any] = []
     # Failed sign-ins are limited per account and per address (apps/accounts/throttle.py).
 
+    def get_authenticate_header(self, request: Request) -> str:
+        return "Token"  # a wrong password is a 401, as a wrong token is: credentials, not a role
+
     class Credentials(StrictSerializer):
         username = serializers.RegexField(_TEXT, max_length=150, trim_whitespace=False)
         password = serializers.CharField(max_length=128, style={"input_type": "password"}, trim_whitespace=False)

@@ -80,7 +80,9 @@ def _discovery(issuer: str) -> dict[str, Any]:
         document = answer.json()
     except (requests.RequestException, ValueError) as error:
         raise SsoUnavailable(f"the identity provider's configuration at {url} could not be read: {error}") from error
-    if not isinstance(document, dict) or document.get("issuer", "").rstrip("/") != issuer:
+    if not isinstance(document, dict):
+        raise SsoUnavailable(f"{url} is not a discovery document")
+    if str(document.get("issuer", "")).rstrip("/") != issuer:
         raise SsoUnavailable(f"{url} describes another issuer: {document.get('issuer')!r}")
     _discovered[issuer] = (time.monotonic(), document)
     return document

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from django_filters import BooleanFilter
+from django_filters import BooleanFilter, DateTimeFilter
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
@@ -59,6 +59,7 @@ class KnownParameters(BaseFilterBackend):
             raise ValidationError({name: [f"Unknown query parameter. This list knows: {listed}."] for name in unknown})
         errors: dict[str, list[str]] = {}
         booleans = self._booleans(request, queryset, view)
+        moments = self._moments(request, queryset, view)
         choices = self._choices_of_lists(request, queryset, view)
         for name, values in request.query_params.lists():
             if len(values) > 1:
@@ -67,6 +68,8 @@ class KnownParameters(BaseFilterBackend):
                 errors[name] = ["Null characters are not allowed."]
             elif name in booleans and values[0] not in ("true", "false"):
                 errors[name] = ["Expected true or false."]
+            elif name in moments and not values[0]:  # django-filter would take "" for no filter
+                errors[name] = ["Give a date and time, such as 2026-11-25T09:00:00Z."]
             elif name in choices and values[0] and not set(values[0].split(",")) <= choices[name]:  # "": no filter
                 wrong = sorted(set(values[0].split(",")) - choices[name])
                 errors[name] = [f"Not a choice: {', '.join(wrong)}. Choose among: {', '.join(sorted(choices[name]))}."]
@@ -82,6 +85,16 @@ class KnownParameters(BaseFilterBackend):
                 filterset = backend.get_filterset_class(view, queryset)
                 if filterset is not None:
                     return {n for n, f in filterset.base_filters.items() if isinstance(f, BooleanFilter)}
+        return set()
+
+    @staticmethod
+    def _moments(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+        for backend_class in view.filter_backends:
+            backend = backend_class()
+            if isinstance(backend, DjangoFilterBackend):
+                filterset = backend.get_filterset_class(view, queryset)
+                if filterset is not None:
+                    return {n for n, f in filterset.base_filters.items() if isinstance(f, DateTimeFilter)}
         return set()
 
     @staticmethod

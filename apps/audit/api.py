@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import itertools
 import json
 from typing import Any
@@ -32,17 +33,28 @@ class AuditEventSerializer(StrictModelSerializer):
                   "data", "via", "ip_address"]  # fmt: skip
 
 
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 moment, in UTC before it reaches the database: an offset the standard allows
+    (up to 23:59) but PostgreSQL does not (past 15:59) then works; a moment before year 1 or after
+    year 9999 in UTC is the earliest or latest there is."""
+
+    def filter(self, qs: Any, value: Any) -> Any:
+        if value:
+            try:
+                value = value.astimezone(dt.UTC)
+            except OverflowError:
+                value = (dt.datetime.min if value.year < 5000 else dt.datetime.max).replace(tzinfo=dt.UTC)
+        return super().filter(qs, value)
+
+
 class AuditEventFilter(django_filters.FilterSet):
     actor = django_filters.CharFilter(field_name="actor_name", help_text="the username that acted")
+    created_at__gte = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte", help_text="at or after (ISO 8601)")
+    created_at__lt = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt", help_text="before (ISO 8601)")
 
     class Meta:
         model = AuditEvent
-        fields = {
-            "action": ["exact", "startswith"],
-            "workspace__name": ["exact"],
-            "target_type": ["exact"],
-            "created_at": ["gte", "lt"],
-        }
+        fields = {"action": ["exact", "startswith"], "workspace__name": ["exact"], "target_type": ["exact"]}
 
 
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):

@@ -84,3 +84,18 @@ def test_a_cell_that_a_spreadsheet_would_run_is_inert(world: World) -> None:
     assert [row["target_repr"] for row in rows] == ["'=2+3"]
     assert all(not cell.startswith(("=", "+", "-", "@")) for row in rows for cell in row.values())
     assert _json(_export(world.client(world.admin), "?format=json&action=group.create"))[0]["target_repr"] == "=2+3"
+
+
+def test_moments_with_any_offset_the_standard_allows_are_answered(world: World) -> None:
+    """PostgreSQL refuses an offset past 15:59 and a moment before year 1 in UTC: the filter asks in
+    UTC, and clamps what lies beyond the calendar."""
+    admin = world.client(world.admin)
+    total = AuditEvent.objects.count()
+    for query, count in (
+        ("created_at__lt=1148-02-26T05:18:53.65-19:22", 0),
+        ("created_at__gte=0001-01-01T00:00:00%2B13:44", total),
+        ("created_at__lt=9999-12-31T23:59:00-13:44", total),
+    ):
+        answer = admin.get(f"/api/v1/audit-events/?{query}")
+        assert answer.status_code == 200 and answer.json()["count"] == count, (query, answer.content[:300])
+    assert admin.get("/api/v1/audit-events/?created_at__lt=").status_code == 400
