@@ -1,8 +1,8 @@
 """Live state changes of one workspace's instances, notebooks and jobs, over a WebSocket.
 
 Access is checked when the socket opens and again before each message it would send (the answer
-kept for at most `RECHECK_S`): a member removed, a user deactivated, an admin no longer one, gets
-no further message: the socket is closed (4403) instead."""
+kept for at most `RECHECK_S`): a member removed, a user deactivated or whose password changed, an
+admin no longer one, gets no further message: the socket is closed (4403) instead."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.contrib.auth import get_user_model
+from django.contrib.auth import HASH_SESSION_KEY, get_user_model
+from django.utils.crypto import constant_time_compare
 
 from apps.workspaces.access import restrict
 from apps.workspaces.live import CONSOLE_GROUP, HEARTBEAT_GROUP, group_name
@@ -20,11 +21,19 @@ from apps.workspaces.models import Workspace
 RECHECK_S = 1.0
 
 
-def _active_user(user: Any) -> Any:
-    """The user as the database has them now, if still active (the socket's copy is from its start)."""
+def _active_user(scope: dict[str, Any]) -> Any:
+    """The socket's user as the database has them now: None once deactivated, or once their password
+    changed since the session began (which ends their sessions, as Django's pages do)."""
+    user = scope.get("user")
     if user is None or not user.is_authenticated:
         return None
-    return get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+    now = get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+    session = scope.get("session")
+    if now is not None and session is not None:
+        held = session.get(HASH_SESSION_KEY) or ""
+        if not constant_time_compare(held, now.get_session_auth_hash()):
+            return None
+    return now
 
 
 class _Rechecked(AsyncJsonWebsocketConsumer):
@@ -75,7 +84,7 @@ class WorkspaceConsumer(_Rechecked):
             await self.channel_layer.group_discard(HEARTBEAT_GROUP, self.channel_name)
 
     def allowed(self) -> bool:
-        user = _active_user(self.scope.get("user"))
+        user = _active_user(self.scope)
         return user is not None and restrict(Workspace.objects.filter(pk=self.workspace_id), user).exists()
 
 
@@ -100,5 +109,5 @@ class ConsoleConsumer(_Rechecked):
                 await self.channel_layer.group_discard(group, self.channel_name)
 
     def allowed(self) -> bool:
-        user = _active_user(self.scope.get("user"))
+        user = _active_user(self.scope)
         return user is not None and user.is_staff

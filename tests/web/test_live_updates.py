@@ -106,6 +106,36 @@ def test_a_member_removed_or_deactivated_gets_no_further_message(tx_world: World
     assert then_victor == then_admin == {"type": "websocket.close", "code": 4403}
 
 
+def test_a_password_change_ends_the_open_sockets_of_its_sessions(tx_world: World) -> None:
+    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    def session_of(user: Any) -> SessionStore:
+        session = SessionStore()
+        session.update({SESSION_KEY: str(user.pk), HASH_SESSION_KEY: user.get_session_auth_hash()})
+        session.create()
+        return session
+
+    async def scenario() -> list[Any]:
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/workspaces/team-a/")
+        communicator.scope["user"] = tx_world.bob
+        communicator.scope["session"] = await database_sync_to_async(session_of)(tx_world.bob)
+        connected, _ = await communicator.connect()
+        assert connected
+        await database_sync_to_async(heartbeat)()
+        heard = [await communicator.receive_output(timeout=10)]
+        tx_world.bob.set_password("a-new-password-entirely-1234")
+        await database_sync_to_async(tx_world.bob.save)()
+        await asyncio.sleep(1.1)
+        await database_sync_to_async(heartbeat)()
+        heard.append(await communicator.receive_output(timeout=10))
+        return heard
+
+    before, after = async_to_sync(scenario)()
+    assert json.loads(before["text"]) == {"kind": "heartbeat"}
+    assert after == {"type": "websocket.close", "code": 4403}
+
+
 def test_a_quiet_socket_stays_open(tx_world: World) -> None:
     """A page that hears nothing for longer than the layer's wait on Redis (5 s) still hears the next
     change: the client's read timeout outlasts the wait, or the consumer died with the socket."""
