@@ -41,9 +41,23 @@ class _Rechecked(AsyncJsonWebsocketConsumer):
 
     checked_until = 0.0
     refused = False
+    groups: tuple[str, ...] = ()  # the groups joined, left at the end or on refusal
 
     def allowed(self) -> bool:
         raise NotImplementedError
+
+    async def join(self, *groups: str) -> None:
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups = groups
+
+    async def leave(self) -> None:
+        groups, self.groups = self.groups, ()
+        for group in groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def disconnect(self, code: int) -> None:
+        await self.leave()
 
     async def state_changed(self, event: dict[str, Any]) -> None:
         if self.refused:
@@ -52,6 +66,7 @@ class _Rechecked(AsyncJsonWebsocketConsumer):
         if now >= self.checked_until:
             if not await database_sync_to_async(self.allowed)():
                 self.refused = True
+                await self.leave()  # no more messages for this socket, whether or not the client goes
                 await self.close(code=4403)
                 return
             self.checked_until = now + RECHECK_S
@@ -59,7 +74,6 @@ class _Rechecked(AsyncJsonWebsocketConsumer):
 
 
 class WorkspaceConsumer(_Rechecked):
-    group: str | None = None
     workspace_id: int | None = None
 
     @database_sync_to_async
@@ -73,15 +87,8 @@ class WorkspaceConsumer(_Rechecked):
             await self.close(code=4404)  # unknown, or another tenant's: the same to the client
             return
         self.workspace_id = workspace_id
-        self.group = group_name(workspace_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.channel_layer.group_add(HEARTBEAT_GROUP, self.channel_name)
+        await self.join(group_name(workspace_id), HEARTBEAT_GROUP)
         await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            await self.channel_layer.group_discard(HEARTBEAT_GROUP, self.channel_name)
 
     def allowed(self) -> bool:
         user = _active_user(self.scope)
@@ -91,22 +98,13 @@ class WorkspaceConsumer(_Rechecked):
 class ConsoleConsumer(_Rechecked):
     """Every workspace's state changes, for the admin console: platform admins only."""
 
-    joined = False
-
     async def connect(self) -> None:
         user = self.scope.get("user")
         if not (user is not None and user.is_authenticated and user.is_staff and user.is_active):
             await self.close(code=4403)
             return
-        for group in (CONSOLE_GROUP, HEARTBEAT_GROUP):
-            await self.channel_layer.group_add(group, self.channel_name)
-        self.joined = True
+        await self.join(CONSOLE_GROUP, HEARTBEAT_GROUP)
         await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if self.joined:
-            for group in (CONSOLE_GROUP, HEARTBEAT_GROUP):
-                await self.channel_layer.group_discard(group, self.channel_name)
 
     def allowed(self) -> bool:
         user = _active_user(self.scope)

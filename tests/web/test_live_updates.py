@@ -64,7 +64,12 @@ def test_only_platform_admins_may_open_the_console_socket(tx_world: World) -> No
     async def scenario() -> list[bool]:
         # A member, a workspace's own user, someone signed out and a disabled admin.
         users = (tx_world.alice, tx_world.charlie, AnonymousUser(), tx_world.admin)
-        return [(await _open(user, "/ws/console/"))[1] for user in users]
+        answers = []
+        for user in users:
+            communicator, connected = await _open(user, "/ws/console/")
+            await communicator.disconnect()  # nothing of the consumer is left running
+            answers.append(connected)
+        return answers
 
     assert async_to_sync(scenario)() == [False, False, False, False]
 
@@ -99,6 +104,8 @@ def test_a_member_removed_or_deactivated_gets_no_further_message(tx_world: World
         await asyncio.sleep(1.1)  # past the consumer's one-second memory of its last check
         await database_sync_to_async(heartbeat)()
         heard += [await victor.receive_output(timeout=10), await admin.receive_output(timeout=10)]
+        await victor.disconnect()
+        await admin.disconnect()
         return heard
 
     first_victor, first_admin, then_victor, then_admin = async_to_sync(scenario)()
@@ -129,6 +136,7 @@ def test_a_password_change_ends_the_open_sockets_of_its_sessions(tx_world: World
         await asyncio.sleep(1.1)
         await database_sync_to_async(heartbeat)()
         heard.append(await communicator.receive_output(timeout=10))
+        await communicator.disconnect()
         return heard
 
     before, after = async_to_sync(scenario)()
