@@ -106,8 +106,13 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         ).json()["token"]
         headers = {"Authorization": f"Token {token}"}
 
-        # Without a mail server, an invitation is written where the start said, link and all.
-        assert f"Mail (invitations): written to {data_dir.resolve() / 'mail'}" in output
+        # Without a mail server, an invitation is written where the start said, link and all. (The
+        # start prints that after the line that says it runs: wait for it.)
+        said = f"Mail (invitations): written to {data_dir.resolve() / 'mail'}"
+        deadline = time.monotonic() + 15
+        while said not in "".join(portal.output):
+            assert time.monotonic() < deadline, "".join(portal.output)
+            time.sleep(0.1)
         invited = requests.post(
             f"{url}/api/v1/invitations/",
             json={"workspace": "admin", "email": "dana@example.org", "role": "viewer"},
