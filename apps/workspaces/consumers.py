@@ -41,7 +41,9 @@ class _Rechecked(AsyncJsonWebsocketConsumer):
 
     checked_until = 0.0
     refused = False
-    groups: tuple[str, ...] = ()  # the groups joined, left at the end or on refusal
+    # The groups joined, left at the end or on refusal (not Channels' own `groups`, which it joins
+    # and leaves by itself: these are known only once access was checked).
+    joined: tuple[str, ...] = ()
 
     def allowed(self) -> bool:
         raise NotImplementedError
@@ -49,10 +51,10 @@ class _Rechecked(AsyncJsonWebsocketConsumer):
     async def join(self, *groups: str) -> None:
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
-        self.groups = groups
+        self.joined = groups
 
     async def leave(self) -> None:
-        groups, self.groups = self.groups, ()
+        groups, self.joined = self.joined, ()
         for group in groups:
             await self.channel_layer.group_discard(group, self.channel_name)
 
