@@ -20,10 +20,12 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import jwt
 import requests
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import SuspiciousOperation
@@ -152,8 +154,6 @@ class SsoBackend(OIDCAuthenticationBackend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The library reads every endpoint here; this backend reads them when a sign-in needs them,
         # so that password sign-ins never wait on the provider.
-        from django.contrib.auth import get_user_model
-
         self.UserModel = get_user_model()
 
     OIDC_RP_SIGN_ALGO = property(lambda self: settings.OIDC_RP_SIGN_ALGO)
@@ -284,8 +284,6 @@ def logout_url(request: HttpRequest, after: str) -> str | None:
         return None
     if not endpoint:
         return None
-    from urllib.parse import urlencode
-
     query = urlencode(
         {"id_token_hint": id_token, "post_logout_redirect_uri": after, "client_id": settings.PORTAL_OIDC_CLIENT_ID}
     )

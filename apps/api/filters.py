@@ -78,41 +78,34 @@ class KnownParameters(BaseFilterBackend):
         return queryset
 
     @staticmethod
-    def _booleans(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+    def _filters(queryset: QuerySet[Any], view: Any) -> dict[str, Any]:
+        """The view's django-filter filters by parameter name (none without a filterset)."""
         for backend_class in view.filter_backends:
             backend = backend_class()
             if isinstance(backend, DjangoFilterBackend):
                 filterset = backend.get_filterset_class(view, queryset)
-                if filterset is not None:
-                    return {n for n, f in filterset.base_filters.items() if isinstance(f, BooleanFilter)}
-        return set()
+                return dict(filterset.base_filters) if filterset is not None else {}
+        return {}
 
-    @staticmethod
-    def _moments(request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
-        for backend_class in view.filter_backends:
-            backend = backend_class()
-            if isinstance(backend, DjangoFilterBackend):
-                filterset = backend.get_filterset_class(view, queryset)
-                if filterset is not None:
-                    return {n for n, f in filterset.base_filters.items() if isinstance(f, DateTimeFilter)}
-        return set()
+    @classmethod
+    def _booleans(cls, request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+        return {n for n, f in cls._filters(queryset, view).items() if isinstance(f, BooleanFilter)}
 
-    @staticmethod
-    def _choices_of_lists(request: Request, queryset: QuerySet[Any], view: Any) -> dict[str, set[str]]:
+    @classmethod
+    def _moments(cls, request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
+        return {n for n, f in cls._filters(queryset, view).items() if isinstance(f, DateTimeFilter)}
+
+    @classmethod
+    def _choices_of_lists(cls, request: Request, queryset: QuerySet[Any], view: Any) -> dict[str, set[str]]:
         """`name__in` parameters of a field with choices (a state): what each value may be. django-filter
         checks a single value against the choices, but not each of a list's."""
         found: dict[str, set[str]] = {}
-        for backend_class in view.filter_backends:
-            backend = backend_class()
-            if not isinstance(backend, DjangoFilterBackend):
+        for name, filter_ in cls._filters(queryset, view).items():
+            if filter_.lookup_expr != "in" or "__" in filter_.field_name:
                 continue
-            filterset = backend.get_filterset_class(view, queryset)
-            for name, filter_ in (filterset.base_filters if filterset is not None else {}).items():
-                if filter_.lookup_expr != "in" or "__" in filter_.field_name:
-                    continue
-                field = queryset.model._meta.get_field(filter_.field_name)
-                if field.choices:
-                    found[name] = {str(value) for value, _ in field.flatchoices}
+            field = queryset.model._meta.get_field(filter_.field_name)
+            if field.choices:
+                found[name] = {str(value) for value, _ in field.flatchoices}
         return found
 
     @staticmethod
