@@ -288,8 +288,11 @@ def test_a_data_scientists_first_cell_submits_a_job_from_jupyterlab(page: Page, 
     cell = jupyter.locator(".jp-Notebook .jp-Cell").first
     expect(jupyter.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible(timeout=60_000)
     run_first_cell(cell)
-    output = cell.locator(".jp-OutputArea-output")
+    output = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')
     expect(output).to_contain_text("SUCCEEDED hello from a job", timeout=150_000)
+    # ...and nothing in red beside it: neither the SDK nor the kernel has anything to complain of.
+    errors = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+    assert errors.count() == 0, errors.all_inner_texts()
     screenshot(jupyter, "jupyterlab-first-cell")
     jupyter.close()
 

@@ -8,6 +8,7 @@ own cookies only."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -125,6 +126,13 @@ def run_cell(browser: requests.Session, notebook: Notebook, code: str, headers: 
         sock.close()
 
 
+# Run in a kernel: how it talks to its server, and who may enter the directory of its sockets.
+KERNEL_SOCKETS = (
+    "import ipykernel.connect, os; info = ipykernel.connect.get_connection_info(unpack=True); "
+    "(info['transport'], os.stat(os.path.dirname(info['ip'])).st_mode & 0o777)"
+)
+
+
 def server_logs() -> str:
     """The last lines the notebook servers logged, for a failing assertion's message."""
     logs = sorted(Path(django_settings.PORTAL_RUN_DIR).rglob("*.log"))
@@ -193,6 +201,11 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
 
     # With that session (and Jupyter's XSRF cookie, as its pages send it) a kernel runs a cell.
     assert run_cell(bob, notebook, "6*7", _xsrf_headers(bob, notebook)) == "42"
+    # Its kernel listens on no loopback port any process could reach (or another server pick):
+    # it talks to its server over Unix sockets in a directory only the notebook's account enters.
+    where = run_cell(bob, notebook, KERNEL_SOCKETS, _xsrf_headers(bob, notebook))
+    transport, mode = ast.literal_eval(where)
+    assert (transport, mode) == ("ipc", 0o700), where
 
     # The server's own token still opens it, for IDEs and scripts, in a header or the URL.
     token = {"Authorization": f"token {notebook.access_token}"}

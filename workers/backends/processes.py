@@ -34,6 +34,8 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
         "jupyter_server",
         f"--ip={ip}",
         f"--port={port}",
+        # The portal routes to this port: taken by something else, fail rather than move.
+        "--ServerApp.port_retries=0",
         "--no-browser",
         shlex.quote(f"--ServerApp.base_url={spec.base_url}"),
         shlex.quote(f"--ServerApp.root_dir={Path(spec.work_dir).resolve()}"),
@@ -50,7 +52,11 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str, port: str) -> 
     ]
     if os.geteuid() == 0:  # containers and CI often run as root; Jupyter refuses that by default
         args.append("--allow-root")
-    return "exec " + " ".join(args)
+    # Kernels talk to the server over Unix sockets in a private directory of their own (0700,
+    # named at random), not over loopback ports: no other process on the node can reach them, and
+    # no port another server picks can turn out to be a kernel's.
+    runtime = 'export JUPYTER_RUNTIME_DIR="$(mktemp -d /tmp/jupyter-XXXXXXXX)" && '
+    return runtime + "exec " + " ".join([*args, "--KernelManager.transport=ipc"])
 
 
 def instance_job(spec: InstanceSpec) -> JobSpec:
