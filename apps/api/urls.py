@@ -12,7 +12,7 @@ from apps.accounts.api import (
 )
 from apps.audit.api import AuditEventViewSet, AuditExportView
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
-from apps.compute.api import InstanceViewSet, NotebookViewSet
+from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewSet
 from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
@@ -28,6 +28,7 @@ router.register("compute-profiles", ComputeProfileViewSet, basename="computeprof
 router.register("notebook-profiles", NotebookProfileViewSet, basename="notebookprofile")
 router.register("instances", InstanceViewSet, basename="instance")
 router.register("notebooks", NotebookViewSet, basename="notebook")
+router.register("collaborators", CollaboratorViewSet, basename="collaborator")
 router.register("jobs", JobViewSet, basename="job")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")

@@ -9,7 +9,7 @@ from rest_framework import permissions, viewsets
 from rest_framework.exceptions import PermissionDenied
 
 from apps.audit.actions import Origin
-from apps.workspaces.access import CHANGE, VIEW, can, restrict
+from apps.workspaces.access import CHANGE, VIEW, can, may, restrict
 from apps.workspaces.models import Workspace
 
 
@@ -48,6 +48,9 @@ class TenantViewSet(PortalViewSet):
     workspace_field = "workspace"
     # Role needed to change an object; viewers may only read.
     change_role = CHANGE
+    # Or the role needed on the object itself, for objects that may be shared with a collaborator
+    # (apps/workspaces/access.py): then that, not `change_role` in its workspace.
+    object_role: str | None = None
 
     def base_queryset(self) -> QuerySet[Any]:
         return self.queryset.all()  # type: ignore[union-attr]
@@ -66,7 +69,15 @@ class TenantViewSet(PortalViewSet):
         if not can(self.request.user, workspace, role):
             raise PermissionDenied(f"Your role in workspace {workspace.name} does not allow this.")
 
+    def require_on(self, obj: Model, role: str) -> None:
+        """`role` on this one object (which may be shared with a collaborator), or a 403."""
+        if not may(self.request.user, obj, role):
+            raise PermissionDenied(f"Your access to {obj} does not allow this.")
+
     def check_object_permissions(self, request: Any, obj: Model) -> None:
         super().check_object_permissions(request, obj)
         if request.method not in permissions.SAFE_METHODS:
-            self.require(self.workspace_of(obj))
+            if self.object_role is not None:
+                self.require_on(obj, self.object_role)
+            else:
+                self.require(self.workspace_of(obj))

@@ -34,6 +34,8 @@ class Event(StrEnum):
     INVITATION_RESEND = "invitation.resend"
     INVITATION_WITHDRAW = "invitation.withdraw"
     INVITATION_ACCEPT = "invitation.accept"
+    COLLABORATOR_SET = "collaborator.set"
+    COLLABORATOR_REMOVE = "collaborator.remove"
     QUOTA_SET = "quota.set"
     QUOTA_DELETE = "quota.delete"
     COHORT_CREATE = "cohort.create"

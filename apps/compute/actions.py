@@ -26,7 +26,7 @@ from apps.inventory.models import Allocation, Cluster
 from apps.jobs.actions import check_cluster_fits
 from apps.scheduling.limits import check_request_size
 from apps.scheduling.trigger import request_cycle, request_workload
-from apps.workspaces.access import CHANGE, restrict
+from apps.workspaces.access import USE, may
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -206,7 +206,7 @@ def check_launch_notebook(
             workspace=workspace,
             data={"instance": instance.name, "profile": profile.name},
         )
-        notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state})
+        notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state}, instance_id=notebook.instance_id)
         if instance.state == Instance.State.RUNNING:
             request_workload("notebook", notebook.pk)
     return notebook
@@ -233,7 +233,12 @@ def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin =
         do_log_event(
             Event.NOTEBOOK_DELETE, notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace
         )
-        notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+        notify(
+            notebook.workspace_id,
+            "notebook",
+            {"id": notebook.pk, "state": notebook.state},
+            instance_id=notebook.instance_id,
+        )
     return notebook
 
 
@@ -267,8 +272,9 @@ def _code_hash(code: str) -> str:
 
 
 def may_use_notebook(notebook: Notebook, user: Any) -> bool:
-    """Whether ``user`` may use the notebook's server: a member or owner of its workspace."""
-    return restrict(Notebook.objects.filter(pk=notebook.pk), user, CHANGE).exists()
+    """Whether ``user`` may use the notebook's server: a member or owner of its workspace, or a
+    collaborator with write access to its instance."""
+    return may(user, notebook, USE)
 
 
 @transaction.atomic(durable=True)
@@ -362,7 +368,12 @@ def record_notebook_starting(notebook: Notebook) -> None:
     if notebook.state != Notebook.State.STARTING:
         notebook.state = Notebook.State.STARTING
         notebook.save(update_fields=["state"])
-        notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+        notify(
+            notebook.workspace_id,
+            "notebook",
+            {"id": notebook.pk, "state": notebook.state},
+            instance_id=notebook.instance_id,
+        )
 
 
 def record_notebook_ready(notebook: Notebook, *, target: str) -> None:
@@ -373,7 +384,12 @@ def record_notebook_ready(notebook: Notebook, *, target: str) -> None:
     notebook.proxy_target = target
     notebook.save()
     do_log_event(Event.NOTEBOOK_READY, notebook, workspace=notebook.workspace, data={"target": target})
-    notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state, "url": notebook.url})
+    notify(
+        notebook.workspace_id,
+        "notebook",
+        {"id": notebook.pk, "state": notebook.state, "url": notebook.url},
+        instance_id=notebook.instance_id,
+    )
 
 
 def record_notebook_end(notebook: Notebook, state: str, reason: str = "") -> None:
@@ -386,4 +402,9 @@ def record_notebook_end(notebook: Notebook, state: str, reason: str = "") -> Non
     notebook.save()
     event = Event.NOTEBOOK_FAIL if state == Notebook.State.FAILED else Event.NOTEBOOK_STOPPED
     do_log_event(event, notebook, workspace=notebook.workspace, data={"reason": reason} if reason else None)
-    notify(notebook.workspace_id, "notebook", {"id": notebook.pk, "state": notebook.state})
+    notify(
+        notebook.workspace_id,
+        "notebook",
+        {"id": notebook.pk, "state": notebook.state},
+        instance_id=notebook.instance_id,
+    )

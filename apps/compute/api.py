@@ -15,12 +15,12 @@ from apps.api.negotiation import AnswerAsIs
 from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.catalog.models import ComputeProfile, NotebookProfile
-from apps.compute import actions
+from apps.compute import actions, collaborators
 from apps.compute.kubeconfig import read_kubeconfig
-from apps.compute.models import Instance, Notebook
+from apps.compute.models import Collaborator, Instance, Notebook
 from apps.inventory.models import Cluster
 from apps.names import DNS_LABEL_RE
-from apps.workspaces.access import CHANGE, can, restrict
+from apps.workspaces.access import USE, may, restrict
 
 
 class VisibleProfileField(serializers.SlugRelatedField):
@@ -150,11 +150,12 @@ class InstanceViewSet(TenantViewSet):
     )
     @action(detail=True, methods=["get"], content_negotiation_class=AnswerAsIs)
     def kubeconfig(self, request: Request, pk: str | None = None) -> HttpResponse:
-        """The instance's kubeconfig (YAML), for its workspace's members (not viewers), where its
+        """The instance's kubeconfig (YAML), for its workspace's members (not viewers) and its
+        read-write collaborators, where its
         backend has one (a Kubernetes namespace or vcluster instance): 404 where it has none, 409
         while the instance does not run or its kubeconfig is being issued."""
         instance = self.get_object()
-        self.require(instance.workspace)
+        self.require_on(instance, USE)
         response = HttpResponse(read_kubeconfig(instance), content_type="application/yaml")
         response["Content-Disposition"] = f'attachment; filename="{instance.workspace.name}-{instance.name}.kubeconfig"'
         response["Cache-Control"] = "no-store"  # a credential
@@ -192,11 +193,12 @@ class NotebookSerializer(StrictModelSerializer):
                 self.fields[name].read_only = True
 
     def get_access_token(self, notebook: Notebook) -> str | None:
-        """The notebook's secret, for members only: viewers see that it exists, not how to open it."""
+        """The notebook's secret, for who may use it (members, read-write collaborators): viewers
+        and read-only collaborators see that it exists, not how to open it."""
         allowed = self.context.setdefault("_may_open", {})
-        if notebook.workspace_id not in allowed:
-            allowed[notebook.workspace_id] = can(self.context["request"].user, notebook.workspace, CHANGE)
-        return notebook.access_token if allowed[notebook.workspace_id] else None
+        if notebook.instance_id not in allowed:  # the same answer for every notebook of an instance
+            allowed[notebook.instance_id] = may(self.context["request"].user, notebook, USE)
+        return notebook.access_token if allowed[notebook.instance_id] else None
 
 
 class NotebookFilter(filters.FilterSet):
@@ -213,6 +215,8 @@ class NotebookViewSet(TenantViewSet):
 
     serializer_class = NotebookSerializer
     queryset = Notebook.objects.all()
+    # Changing or stopping a notebook takes its use: a member's role, or write access to its instance.
+    object_role = USE
     filterset_class = NotebookFilter
     ordering_fields = ["created_at", "name", "state"]
 
@@ -222,7 +226,7 @@ class NotebookViewSet(TenantViewSet):
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         data = dict(serializer.validated_data)
         instance = data.pop("instance")
-        self.require(instance.workspace)
+        self.require_on(instance, USE)
         serializer.instance = actions.check_launch_notebook(
             instance.workspace, instance=instance, **data, **self.action_kwargs()
         )
@@ -234,3 +238,49 @@ class NotebookViewSet(TenantViewSet):
 
     def perform_destroy(self, instance: Notebook) -> None:
         actions.do_delete_notebook(instance, **self.action_kwargs())
+
+
+class CollaboratorSerializer(StrictModelSerializer):
+    instance = serializers.PrimaryKeyRelatedField(read_only=True)
+    workspace = serializers.SlugRelatedField(source="instance.workspace", slug_field="name", read_only=True)
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    added_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    access = serializers.ChoiceField(choices=Collaborator.Access.choices)
+
+    class Meta:
+        model = Collaborator
+        fields = ["id", "instance", "workspace", "user", "access", "added_by", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class CollaboratorFilter(filters.FilterSet):
+    instance = filters.NumberFilter(field_name="instance_id")
+
+    class Meta:
+        model = Collaborator
+        fields = {"instance__workspace__name": ["exact"], "user__username": ["exact"], "access": ["exact"]}
+
+
+class CollaboratorViewSet(TenantViewSet):
+    """Those an instance is shared with, and how (read or write). They come in by invitation
+    (`POST /api/v1/invitations/` with `instance` and `access`); the instance's workspace members
+    change their access (PATCH) and remove them (DELETE), which takes effect at once. Those it is
+    shared with see who else it is shared with."""
+
+    serializer_class = CollaboratorSerializer
+    queryset = Collaborator.objects.all()
+    filterset_class = CollaboratorFilter
+    ordering_fields = ["created_at"]
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+    workspace_field = "instance__workspace"
+
+    def base_queryset(self) -> Any:
+        return Collaborator.objects.select_related("instance__workspace", "user", "added_by")
+
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        row = serializer.instance
+        access = serializer.validated_data.get("access", row.access)
+        serializer.instance = collaborators.do_set_collaborator(row.instance, row.user, access, **self.action_kwargs())
+
+    def perform_destroy(self, instance: Collaborator) -> None:
+        collaborators.do_remove_collaborator(instance, **self.action_kwargs())

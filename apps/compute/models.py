@@ -25,6 +25,9 @@ class Instance(Workload):
 
     # States that count against the workspace's max-instances limit.
     LIVE_STATES = (State.QUEUED, State.PROVISIONING, State.RUNNING, State.DELETING)
+    # The field holding the id of the instance whose collaborators a row is shared with
+    # (apps/workspaces/access.py): its own, for an instance.
+    COLLABORATORS = "pk"
 
     workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="instances")
     name = models.CharField(max_length=63, validators=[validate_dns_label])
@@ -57,6 +60,31 @@ class Instance(Workload):
         return (self.finished_at or timezone.now()) - self.started_at
 
 
+class Collaborator(models.Model):
+    """Someone given one instance (its page, its notebooks, its kubeconfig) and nothing else of its
+    workspace: to look at (read) or to work in (write: open and start its notebooks, its kubeconfig)."""
+
+    class Access(models.TextChoices):
+        READ = "read", "Read-only"
+        WRITE = "write", "Read-write"
+
+    # Who else an instance is shared with is seen by those it is shared with.
+    COLLABORATORS = "instance_id"
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="collaborators")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="collaborations")
+    access = models.CharField(max_length=8, choices=Access.choices, default=Access.WRITE)
+    added_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["instance", "user"], name="collaborator_once_per_instance")]
+
+    def __str__(self) -> str:
+        return f"{self.user} on {self.instance} ({self.access})"
+
+
 def _new_access_token() -> str:
     return secrets.token_urlsafe(32)
 
@@ -71,6 +99,7 @@ class Notebook(Hosted):
         FAILED = "FAILED", "Failed"
 
     LIVE_STATES = (State.PENDING, State.STARTING, State.READY, State.STOPPING)
+    COLLABORATORS = "instance_id"  # a notebook is shared with its instance
 
     workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="notebooks")
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="notebooks")

@@ -1,10 +1,12 @@
-"""Inviting someone to a workspace by email, and their acceptance.
+"""Inviting someone to a workspace, or to one instance, by email, and their acceptance.
 
-An owner invites an address with a role; the portal mails a link that carries a secret (only its
-SHA-256 is kept). The link is good once, for `PORTAL_INVITATION_DAYS` days, until withdrawn, and
-only for an account with that address: one that has it already (a local account, or one from the
-identity provider), or, without single sign-on, one the invitee makes from the link. Accepting
-gives the role (never lowering one the user holds already).
+An owner invites an address to the workspace with a role; a member (or owner) invites one to an
+instance, as its collaborator with read or write access (apps/compute/collaborators.py). The
+portal mails a link that carries a secret (only its SHA-256 is kept). The link is good once, for
+`PORTAL_INVITATION_DAYS` days, until withdrawn, and only for an account with that address: one
+that has it already (a local account, or one from the identity provider), or, without single
+sign-on, one the invitee makes from the link. Accepting gives the role (never lowering one the
+user holds already), or the instance's access.
 
 Sending is limited per inviting user and per workspace, per hour (`PORTAL_INVITATIONS_PER_*_HOUR`),
 counted from the audit log: an invitation made or sent again counts once.
@@ -29,6 +31,8 @@ from django.utils import timezone
 from apps.audit.actions import SYSTEM, Origin, do_log_event
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
+from apps.compute.collaborators import do_set_collaborator
+from apps.compute.models import Collaborator, Instance
 from apps.errors import ActionError, Conflict, TooMany
 from apps.invitations.models import Invitation
 from apps.workspaces.actions import do_set_membership
@@ -55,7 +59,8 @@ def find(secret: str) -> Invitation | None:
     """The invitation a link's secret belongs to, whatever its state; None for no such link."""
     if not secret or len(secret) > 100:
         return None
-    return Invitation.objects.select_related("workspace", "invited_by").filter(digest=digest(secret)).first()
+    rows = Invitation.objects.select_related("workspace", "instance", "invited_by")
+    return rows.filter(digest=digest(secret)).first()
 
 
 def same_address(a: str, b: str) -> bool:
@@ -85,7 +90,7 @@ def _send(invitation: Invitation, secret: str, base_url: str) -> None:
     link = f"{base_url.rstrip('/')}/invitations/{secret}/"
     context = {"invitation": invitation, "link": link, "inviter": invitation.invited_by}
     message = EmailMessage(
-        subject=f"{_inviter(invitation)} invited you to {invitation.workspace} on GPU Portal",
+        subject=f"{_inviter(invitation)} invited you to {_subject(invitation)} on GPU Portal",
         body=render_to_string("invitations/email.txt", context),
         to=[invitation.email],
     )
@@ -101,6 +106,12 @@ def _send(invitation: Invitation, secret: str, base_url: str) -> None:
     invitation.sent_at, invitation.send_error = now, ""
 
 
+def _subject(invitation: Invitation) -> str:
+    if invitation.instance_id is not None:
+        return f"instance {invitation.instance.name} of {invitation.workspace}"
+    return str(invitation.workspace)
+
+
 def _inviter(invitation: Invitation) -> str:
     user = invitation.invited_by
     if user is None:
@@ -109,12 +120,29 @@ def _inviter(invitation: Invitation) -> str:
 
 
 def do_invite(
-    workspace: Workspace, email: str, role: str, *, base_url: str, acting_user: Any, origin: Origin = SYSTEM
+    workspace: Workspace,
+    email: str,
+    role: str,
+    *,
+    base_url: str,
+    acting_user: Any,
+    origin: Origin = SYSTEM,
+    instance: Instance | None = None,
+    access: str = "",
 ) -> Invitation:
-    """Invite `email` to the workspace with `role`, and mail the link. The caller has checked that
-    the acting user may manage the workspace."""
-    if role not in Role.values:
+    """Invite `email` to the workspace with `role`, or to `instance` (of that workspace) with
+    `access`, and mail the link. The caller has checked that the acting user may manage the
+    workspace (for an instance: change it)."""
+    if instance is not None:
+        if instance.workspace_id != workspace.pk:
+            raise ActionError(f"Instance {instance.name} is not in {workspace}.", field="instance")
+        if access not in Collaborator.Access.values:
+            raise ActionError("Choose read (look only) or write (open its notebooks, its kubeconfig).", field="access")
+        role = ""
+    elif role not in Role.values:
         raise ActionError("Choose owner, member or viewer.", field="role")
+    elif access:
+        raise ActionError("Access is for an invitation to an instance; give a role instead.", field="access")
     email = email.strip()
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
@@ -122,31 +150,41 @@ def do_invite(
         _check_rate(workspace, acting_user)
         if Membership.objects.filter(workspace=workspace, user__email__iexact=email, user__is_active=True).exists():
             raise Conflict(f"{email} is a member of {workspace} already.", field="email")
+        if instance is not None:
+            if instance.state not in Instance.LIVE_STATES:
+                raise Conflict(f"Instance {instance.name} has ended: there is nothing to share.", field="instance")
+            if Collaborator.objects.filter(instance=instance, user__email__iexact=email).exists():
+                raise Conflict(f"{email} is a collaborator on {instance.name} already.", field="email")
         waiting = Invitation.objects.filter(
             workspace=workspace,
+            instance=instance,
             email__iexact=email,
             accepted_at__isnull=True,
             withdrawn_at__isnull=True,
             expires_at__gt=timezone.now(),
         )
         if waiting.exists():
-            raise Conflict(f"{email} has an invitation to {workspace} waiting: send it again instead.", field="email")
+            to = f"instance {instance.name}" if instance is not None else str(workspace)
+            raise Conflict(f"{email} has an invitation to {to} waiting: send it again instead.", field="email")
         invitation = Invitation.objects.create(
             workspace=workspace,
+            instance=instance,
             email=email,
             role=role,
+            access=access if instance is not None else "",
             digest=digest(secret),
             invited_by=acting_user,
             expires_at=timezone.now() + timedelta(days=settings.PORTAL_INVITATION_DAYS),
             times_sent=1,
         )
+        data = {"email": email, "role": role} if instance is None else {"email": email, "instance": instance.name}
         do_log_event(
             Event.INVITATION_CREATE,
             invitation,
             acting_user=acting_user,
             origin=origin,
             workspace=workspace,
-            data={"email": email, "role": role},
+            data=data if instance is None else {**data, "access": access},
         )
     _send(invitation, secret, base_url)
     return invitation
@@ -157,7 +195,11 @@ def do_resend(invitation: Invitation, *, base_url: str, acting_user: Any, origin
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
         Workspace.objects.select_for_update().filter(pk=invitation.workspace_id).first()
-        invitation = Invitation.objects.select_for_update().select_related("workspace").get(pk=invitation.pk)
+        invitation = (
+            Invitation.objects.select_for_update(of=("self",))
+            .select_related("workspace", "instance")
+            .get(pk=invitation.pk)
+        )
         if invitation.state in (Invitation.State.ACCEPTED, Invitation.State.WITHDRAWN):
             raise Conflict(f"The invitation of {invitation.email} was {invitation.state}: it cannot be sent again.")
         _check_rate(invitation.workspace, acting_user)
@@ -182,7 +224,8 @@ def do_withdraw(invitation: Invitation, *, acting_user: Any, origin: Origin = SY
     with transaction.atomic():
         invitation = Invitation.objects.select_for_update().select_related("workspace").get(pk=invitation.pk)
         if invitation.state == Invitation.State.ACCEPTED:
-            raise Conflict(f"{invitation.email} accepted already: remove them from the members instead.")
+            whence = "the instance's collaborators" if invitation.instance_id else "the members"
+            raise Conflict(f"{invitation.email} accepted already: remove them from {whence} instead.")
         if invitation.withdrawn_at is not None:
             return
         invitation.withdrawn_at = timezone.now()
@@ -207,6 +250,8 @@ def check_usable(invitation: Invitation | None) -> Invitation:
         raise Gone("This invitation was withdrawn. Ask whoever invited you for a new one.")
     if invitation.state == Invitation.State.EXPIRED:
         raise Gone("This invitation has expired. Ask whoever invited you to send it again.")
+    if invitation.instance is not None and invitation.instance.state not in Instance.LIVE_STATES:
+        raise Gone(f"Instance {invitation.instance.name}, which this invitation shares, has ended.")
     return invitation
 
 
@@ -215,7 +260,10 @@ def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
     with transaction.atomic():
         found = find(secret)
         invitation = check_usable(
-            Invitation.objects.select_for_update().select_related("workspace").filter(pk=found.pk).first()
+            Invitation.objects.select_for_update(of=("self",))
+            .select_related("workspace", "instance")
+            .filter(pk=found.pk)
+            .first()
             if found
             else None
         )
@@ -225,9 +273,14 @@ def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
                 f"{f' ({user.email})' if user.email else ''}. Sign out, and sign in with that address's account."
             )
         workspace = invitation.workspace
-        held = Membership.objects.filter(workspace=workspace, user=user).values_list("role", flat=True).first()
-        if held is None or ROLE_RANK[Role(held)] < ROLE_RANK[Role(invitation.role)]:
-            do_set_membership(workspace, user, invitation.role, acting_user=user, origin=origin)
+        if invitation.instance is not None:
+            held_access = Collaborator.objects.filter(instance=invitation.instance, user=user).first()
+            if held_access is None or (held_access.access, invitation.access) == ("read", "write"):
+                do_set_collaborator(invitation.instance, user, invitation.access, acting_user=user, origin=origin)
+        else:
+            held = Membership.objects.filter(workspace=workspace, user=user).values_list("role", flat=True).first()
+            if held is None or ROLE_RANK[Role(held)] < ROLE_RANK[Role(invitation.role)]:
+                do_set_membership(workspace, user, invitation.role, acting_user=user, origin=origin)
         invitation.accepted_at = timezone.now()
         invitation.accepted_by = user
         invitation.save(update_fields=["accepted_at", "accepted_by"])
@@ -237,6 +290,8 @@ def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
             acting_user=user,
             origin=origin,
             workspace=workspace,
-            data={"email": invitation.email, "role": invitation.role},
+            data={"email": invitation.email, "role": invitation.role}
+            if invitation.instance_id is None
+            else {"email": invitation.email, "instance": invitation.instance.name, "access": invitation.access},
         )
     return invitation

@@ -22,6 +22,12 @@ class Invitation(models.Model):
     workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="invitations")
     email = models.EmailField()  # as typed, compared without case
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # An invitation to one instance of the workspace, as its collaborator with `access`, instead
+    # of to the whole workspace with `role`.
+    instance = models.ForeignKey(
+        "compute.Instance", null=True, blank=True, on_delete=models.CASCADE, related_name="invitations"
+    )
+    access = models.CharField(max_length=8, blank=True, choices=[("read", "Read-only"), ("write", "Read-write")])
     digest = models.CharField(max_length=64, unique=True)
     invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -40,7 +46,14 @@ class Invitation(models.Model):
         indexes = [models.Index(fields=["workspace", "email"])]
 
     def __str__(self) -> str:
-        return f"{self.email} to {self.workspace}"
+        return f"{self.email} to {self.instance or self.workspace}"
+
+    @property
+    def what(self) -> str:
+        """What it gives, in words: "team-a as member", "instance box of team-a, read-write"."""
+        if self.instance_id is not None:
+            return f"instance {self.instance.name} of {self.workspace}, {self.get_access_display().lower()}"
+        return f"{self.workspace} as {self.role}"
 
     @property
     def state(self) -> str:

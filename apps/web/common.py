@@ -20,8 +20,9 @@ from rest_framework import serializers
 
 from apps.audit.actions import Origin
 from apps.audit.models import AuditEvent
+from apps.compute.models import Collaborator, Instance
 from apps.errors import ActionError
-from apps.workspaces.access import CHANGE, VIEW, can, restrict
+from apps.workspaces.access import CHANGE, VIEW, can, may, restrict
 from apps.workspaces.models import Workspace
 
 LOGIN_URL = "web:login"
@@ -78,20 +79,58 @@ def workspace_for(request: HttpRequest, name: str, role: str = VIEW) -> Workspac
     return workspace
 
 
+def shared_for(
+    request: HttpRequest, ws: str, queryset: QuerySet[Any], pk: int, role: str = VIEW
+) -> tuple[Workspace, Any]:
+    """An instance or notebook named in the URL, for a member of its workspace or a collaborator
+    it is shared with; anyone else gets a 404. Someone who sees it without `role` on it (a viewer,
+    a read-only collaborator) is refused with a 403."""
+    obj = get_object_or_404(restrict(queryset, request.user), pk=pk, workspace__name=ws)
+    if role != VIEW and not may(request.user, obj, role):
+        raise PermissionDenied(f"Your access to {obj.name} does not allow this.")
+    workspace = obj.workspace
+    if is_member(request, workspace):
+        request.session[SESSION_WORKSPACE] = workspace.name
+    return workspace, obj
+
+
+def is_member(request: HttpRequest, workspace: Workspace) -> bool:
+    """Whether the user sees the workspace itself, not only something in it shared with them."""
+    return restrict(Workspace.objects.filter(pk=workspace.pk), request.user).exists()
+
+
 def may_change(request: HttpRequest, workspace: Workspace) -> bool:
     return can(request.user, workspace, CHANGE)
 
 
 def page(request: HttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
-    """Render a full page: the workspace switcher and the workspaces to watch live come along."""
+    """Render a full page: the workspace switcher, the workspaces to watch live and the instances
+    shared with the user come along. A page of something shared with the user in a workspace that
+    is not theirs (`shared_for`) keeps their own workspace in the switcher and the menu."""
     workspaces = list(my_workspaces(request.user).only("name", "display_name", "kind", "assigned_user_id"))
     current = context.get("workspace")
+    if current is not None and all(w.pk != current.pk for w in workspaces):
+        context.setdefault("live_workspaces", [])
+        current = None
     if current is None:
         remembered = request.session.get(SESSION_WORKSPACE)
         current = next((w for w in workspaces if w.name == remembered), workspaces[0] if workspaces else None)
-    context = {"workspaces": workspaces, "current_workspace": current, **context}
+    context = {
+        "workspaces": workspaces,
+        "current_workspace": current,
+        "shared_with_me": shared_with(request),
+        **context,
+    }
     context.setdefault("live_workspaces", [current.name] if current else [])
     return render(request, template, context, status=status)
+
+
+def shared_with(request: HttpRequest) -> list[Any]:
+    """The live instances shared with the user, for the menu."""
+    if not request.user.is_authenticated:
+        return []
+    rows = Collaborator.objects.filter(user=request.user, instance__state__in=Instance.LIVE_STATES)
+    return [c.instance for c in rows.select_related("instance__workspace").order_by("instance__name")[:50]]
 
 
 def is_fragment(request: HttpRequest) -> bool:
@@ -145,3 +184,10 @@ def serializer_context(request: HttpRequest) -> dict[str, Any]:
 def get_for(request: HttpRequest, queryset: QuerySet[Any], **lookup: Any) -> Any:
     """One tenant object through the access layer; another tenant's is a 404."""
     return get_object_or_404(restrict(queryset, request.user), **lookup)
+
+
+def sent_message(invitation: Any, done: str) -> str:
+    """What to say once an invitation was made or sent again: whether its mail went out."""
+    if invitation.send_error:
+        return f"{done}, but the mail could not be sent ({invitation.send_error}): send it again later."
+    return f"{done}; the link is in the mail."

@@ -1,33 +1,44 @@
-"""Instances: the list, the three-step launch wizard, the detail page, delete, kubeconfig."""
+"""Instances: the list, the three-step launch wizard, the detail page and its collaborators,
+delete, kubeconfig."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.core.validators import validate_email
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from apps.catalog.models import ComputeProfile
-from apps.compute import actions
+from apps.compute import actions, collaborators
 from apps.compute.api import InstanceSerializer
 from apps.compute.kubeconfig import read_kubeconfig
-from apps.compute.models import Instance, Notebook
+from apps.compute.models import Collaborator, Instance, Notebook
 from apps.errors import ActionError
+from apps.invitations import actions as invitations
+from apps.invitations.models import Invitation
 from apps.web.common import (
     Errors,
     action_kwargs,
     get_for,
     is_fragment,
+    is_member,
     may_change,
     page,
     refused,
+    sent_message,
     serializer_context,
+    shared_for,
     signed_in,
     validated,
     workspace_for,
 )
-from apps.workspaces.access import CHANGE
+from apps.workspaces.access import CHANGE, USE, may
 from apps.workspaces.models import Workspace
 
 PER_PAGE = 50
@@ -132,20 +143,110 @@ def kubeconfig_of(instance: Instance) -> str | None:
 
 @signed_in
 def instance_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
-    workspace = workspace_for(request, ws)
-    instance = get_for(
-        request, Instance.objects.select_related("profile", "cluster", "created_by"), pk=pk, workspace=workspace
-    )
-    notebooks = instance.notebooks.filter(state__in=Notebook.LIVE_STATES).select_related("profile")
+    """An instance, for its workspace and for those it is shared with; its members see and change
+    its collaborators here too (`instance_collaborators`)."""
+    queryset = Instance.objects.select_related("workspace", "profile", "cluster", "created_by")
+    workspace, instance = shared_for(request, ws, queryset, pk)
+    if is_fragment(request):
+        return page(request, "web/instances/_status.html", {"workspace": workspace, "instance": instance})
+    return page(request, "web/instances/detail.html", _detail_context(request, workspace, instance))
+
+
+def _detail_context(request: HttpRequest, workspace: Workspace, instance: Instance, **extra: Any) -> dict[str, Any]:
+    member = is_member(request, workspace)
+    changes = member and may_change(request, workspace)
     context = {
         "workspace": workspace,
         "instance": instance,
-        "notebooks": notebooks,
+        "member": member,
+        "notebooks": instance.notebooks.filter(state__in=Notebook.LIVE_STATES).select_related("profile"),
         "has_kubeconfig": kubeconfig_of(instance) is not None,
-        "may_change": may_change(request, workspace),
+        "may_change": changes,
+        "may_use": may(request.user, instance, USE),
+        "collaborators": instance.collaborators.select_related("user").order_by("user__username"),
+        "accesses": Collaborator.Access.choices,
+        "shared_invitations": _pending_invitations(instance) if changes else [],
+        "invitation_days": settings.PORTAL_INVITATION_DAYS,
+        "errors": {},
+        "values": {"email": "", "access": Collaborator.Access.WRITE},
+        **extra,
     }
-    template = "web/instances/_status.html" if is_fragment(request) else "web/instances/detail.html"
-    return page(request, template, context)
+    if not member:  # a collaborator's page hears this instance alone
+        context["live_workspaces"] = [f"instance:{instance.pk}"]
+    return context
+
+
+def _pending_invitations(instance: Instance) -> list[Invitation]:
+    rows = Invitation.objects.filter(instance=instance, accepted_at__isnull=True, withdrawn_at__isnull=True)
+    return list(rows.select_related("invited_by").order_by("-created_at")[:200])
+
+
+@signed_in
+@require_POST
+def instance_collaborators(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    """Share the instance by email, change a collaborator's access, remove one; resend or withdraw
+    an invitation. For the workspace's members and owners: a collaborator gets a 403 here, anyone
+    else a 404."""
+    workspace, instance = shared_for(request, ws, Instance.objects.select_related("workspace"), pk)
+    if not (is_member(request, workspace) and may_change(request, workspace)):
+        raise PermissionDenied(f"Your role in workspace {workspace.name} does not allow this.")
+    errors: Errors = {}
+    done = _collaborator_change(request, instance, errors)
+    if done is not None:
+        messages.success(request, done)
+        return redirect("web:instance", ws=workspace.name, pk=instance.pk)
+    values = {"email": request.POST.get("email", ""), "access": request.POST.get("access", "write")}
+    context = _detail_context(request, workspace, instance, errors=errors, values=values)
+    return page(request, "web/instances/detail.html", context, status=400)
+
+
+def _collaborator_change(request: HttpRequest, instance: Instance, errors: Errors) -> str | None:
+    """Apply one change from the Collaborators panel; the message once done, or None with `errors`."""
+    what = request.POST.get("action", "")
+    access = request.POST.get("access", "")
+    base_url = request.build_absolute_uri("/")
+    try:
+        if what == "invite":
+            email = request.POST.get("email", "").strip()
+            try:
+                validate_email(email)
+            except ValidationError:
+                errors["email"] = ["Give an email address, such as dana@example.org."]
+                return None
+            invited = invitations.do_invite(
+                instance.workspace,
+                email,
+                "",
+                base_url=base_url,
+                instance=instance,
+                access=access,
+                **action_kwargs(request),
+            )
+            return sent_message(invited, f"{email} was invited to {instance.name}, {_access_label(access)}")
+        if what in ("resend", "withdraw"):
+            invitation = get_object_or_404(Invitation, pk=request.POST.get("invitation") or 0, instance=instance)
+            if what == "resend":
+                again = invitations.do_resend(invitation, base_url=base_url, **action_kwargs(request))
+                return sent_message(again, f"The invitation of {invitation.email} was sent again, with a new link")
+            invitations.do_withdraw(invitation, **action_kwargs(request))
+            return f"The invitation of {invitation.email} was withdrawn: its link no longer works."
+        collaborator = get_object_or_404(Collaborator, pk=request.POST.get("collaborator") or 0, instance=instance)
+        name = collaborator.user.get_username()
+        if what == "access":
+            collaborators.do_set_collaborator(instance, collaborator.user, access, **action_kwargs(request))
+            return f"{name} now has {_access_label(access)} access to {instance.name}."
+        if what == "remove":
+            collaborators.do_remove_collaborator(collaborator, **action_kwargs(request))
+            return f"{name} no longer has access to {instance.name}."
+    except ActionError as exc:
+        errors[exc.field if what == "invite" and exc.field in ("email", "access") else "form"] = [exc.message]
+        return None
+    errors["form"] = ["Unknown change."]
+    return None
+
+
+def _access_label(access: str) -> str:
+    return "read-write" if access == Collaborator.Access.WRITE else "read-only"
 
 
 @signed_in
@@ -189,8 +290,8 @@ def instance_describe(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
 
 @signed_in
 def instance_kubeconfig(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
-    workspace = workspace_for(request, ws, CHANGE)
-    instance = get_for(request, Instance.objects.select_related("cluster"), pk=pk, workspace=workspace)
+    """The kubeconfig: for members, and for collaborators with write access."""
+    workspace, instance = shared_for(request, ws, Instance.objects.select_related("workspace", "cluster"), pk, USE)
     config = kubeconfig_of(instance)
     if config is None:
         raise Http404("This instance has no kubeconfig.")

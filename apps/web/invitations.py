@@ -94,6 +94,12 @@ def invitation(request: HttpRequest, secret: str) -> HttpResponse:
                 errors["form"] = [error.message]
             else:
                 workspace = done.workspace
+                if done.instance is not None:
+                    how = "read-write" if done.access == "write" else "read-only"
+                    messages.success(
+                        request, f"Instance {done.instance.name} of {workspace} is shared with you, {how}."
+                    )
+                    return redirect(reverse("web:instance", kwargs={"ws": workspace.name, "pk": done.instance_id}))
                 messages.success(request, f"You are now {done.get_role_display().lower()} of {workspace}.")
                 return redirect(reverse("web:dashboard", kwargs={"ws": workspace.name}))
     context = {**_context(request, found), "errors": errors, "values": request.POST}

@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, redirect
 from apps.errors import ActionError
 from apps.invitations import actions as invitations
 from apps.invitations.models import Invitation
-from apps.web.common import Errors, action_kwargs, page, signed_in, workspace_for
+from apps.web.common import Errors, action_kwargs, page, sent_message, signed_in, workspace_for
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, can
 from apps.workspaces.models import Membership, Role, Workspace
@@ -66,22 +66,18 @@ def _invitation_change(request: HttpRequest, workspace: Workspace, what: str, ro
                 errors["email"] = ["Give an email address, such as dana@example.org."]
                 return None
             done = invitations.do_invite(workspace, email, role, base_url=base_url, **action_kwargs(request))
-            return _sent(done, f"{email} was invited to {workspace.name} as {Role(role).label.lower()}")
-        invitation = get_object_or_404(Invitation, pk=request.POST.get("invitation") or 0, workspace=workspace)
+            return sent_message(done, f"{email} was invited to {workspace.name} as {Role(role).label.lower()}")
+        invitation = get_object_or_404(
+            Invitation, pk=request.POST.get("invitation") or 0, workspace=workspace, instance__isnull=True
+        )
         if what == "resend":
             done = invitations.do_resend(invitation, base_url=base_url, **action_kwargs(request))
-            return _sent(done, f"The invitation of {invitation.email} was sent again, with a new link")
+            return sent_message(done, f"The invitation of {invitation.email} was sent again, with a new link")
         invitations.do_withdraw(invitation, **action_kwargs(request))
         return f"The invitation of {invitation.email} was withdrawn: its link no longer works."
     except ActionError as exc:
         errors[exc.field if what == "invite" and exc.field else "form"] = [exc.message]
         return None
-
-
-def _sent(invitation: Invitation, done: str) -> str:
-    if invitation.send_error:
-        return f"{done}, but the mail could not be sent ({invitation.send_error}): send it again later."
-    return f"{done}; the link is in the mail."
 
 
 def _add_form_values(request: HttpRequest) -> dict[str, str]:
@@ -97,7 +93,9 @@ def _add_form_values(request: HttpRequest) -> dict[str, str]:
 
 def _pending(workspace: Workspace) -> list[Invitation]:
     """The invitations not yet accepted or withdrawn (expired ones too: they can be sent again)."""
-    rows = Invitation.objects.filter(workspace=workspace, accepted_at__isnull=True, withdrawn_at__isnull=True)
+    rows = Invitation.objects.filter(
+        workspace=workspace, instance__isnull=True, accepted_at__isnull=True, withdrawn_at__isnull=True
+    )
     return list(rows.select_related("invited_by").order_by("-created_at")[:200])
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
 from apps.catalog.models import NotebookProfile
@@ -15,17 +17,19 @@ from apps.errors import ActionError
 from apps.web.common import (
     Errors,
     action_kwargs,
-    get_for,
     is_fragment,
+    is_member,
     may_change,
     page,
     refused,
     serializer_context,
+    shared_for,
     signed_in,
     validated,
     workspace_for,
 )
-from apps.workspaces.access import CHANGE
+from apps.workspaces.access import CHANGE, USE, may, restrict
+from apps.workspaces.models import Workspace
 
 PER_PAGE = 50
 FIELDS = {"name", "description", "profile", "instance"}
@@ -53,15 +57,19 @@ def notebook_list(request: HttpRequest, ws: str) -> HttpResponse:
 
 @signed_in
 def notebook_new(request: HttpRequest, ws: str) -> HttpResponse:
-    workspace = workspace_for(request, ws, CHANGE)
+    """Start a notebook on one of the workspace's instances: for its members, and for those an
+    instance is shared with, read-write, on that instance."""
     source = request.POST if request.method == "POST" else request.GET
     values = {k: source.get(k, "").strip() for k in FIELDS}
+    workspace, hosts = _hosts(request, ws)
     errors: Errors = {}
     if request.method == "POST":
         data = {k: v for k, v in values.items() if v or k == "description"}
         serializer = NotebookSerializer(data=data, context=serializer_context(request))
         checked = validated(serializer, errors)
-        if checked is not None:
+        if checked is not None and not may(request.user, checked["instance"], USE):
+            errors["instance"] = [f"Your access to {checked['instance'].name} does not allow starting notebooks."]
+        elif checked is not None:
             instance = checked.pop("instance")
             try:
                 notebook = actions.check_launch_notebook(
@@ -71,29 +79,55 @@ def notebook_new(request: HttpRequest, ws: str) -> HttpResponse:
                 refused(exc, errors, FIELDS)
             else:
                 messages.success(request, f"Notebook {notebook.name} is starting.")
-                return redirect("web:notebook", ws=workspace.name, pk=notebook.pk)
+                return redirect("web:notebook", ws=notebook.workspace.name, pk=notebook.pk)
     context = {
         "workspace": workspace,
+        "member": is_member(request, workspace),
         "values": values,
         "errors": errors,
         "profiles": NotebookProfile.objects.visible_to(request.user).filter(published=True).order_by("name"),
-        "hosts": Instance.objects.filter(workspace=workspace, state__in=HOSTS).select_related("profile"),
+        "hosts": hosts,
     }
     return page(request, "web/notebooks/new.html", context, status=400 if errors else 200)
 
 
+def _hosts(request: HttpRequest, ws: str) -> tuple[Workspace, QuerySet[Instance]]:
+    """The workspace and the instances in it the user may start a notebook on. A member needs a
+    member's role (a viewer: 403); someone with nothing shared here gets a 404, as if it did not exist."""
+    workspace = Workspace.objects.filter(name=ws).first()
+    if workspace is not None and is_member(request, workspace):
+        workspace = workspace_for(request, ws, CHANGE)
+    elif workspace is None or not may_start_on(request, workspace, Instance.objects.filter(workspace=workspace)):
+        raise Http404("No such workspace.")
+    hosts = restrict(Instance.objects.filter(workspace=workspace, state__in=HOSTS), request.user, USE)
+    return workspace, hosts.select_related("profile")
+
+
+def may_start_on(request: HttpRequest, workspace: Workspace, instances: QuerySet[Instance]) -> bool:
+    """Whether any of `instances` is shared with the user; a read-only share is refused (403)."""
+    if not restrict(instances, request.user).exists():
+        return False
+    if not restrict(instances, request.user, USE).exists():
+        raise PermissionDenied(f"Your access to {workspace.name}'s instances is read-only.")
+    return True
+
+
 @signed_in
 def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
-    workspace = workspace_for(request, ws)
-    notebook = get_for(
-        request, Notebook.objects.select_related("instance", "profile", "created_by"), pk=pk, workspace=workspace
-    )
+    """A notebook, for its workspace and for those its instance is shared with: who may use it
+    (a member, a read-write collaborator) sees its token and may stop it."""
+    queryset = Notebook.objects.select_related("workspace", "instance", "profile", "created_by")
+    workspace, notebook = shared_for(request, ws, queryset, pk)
+    member = is_member(request, workspace)
     context = {
         "workspace": workspace,
         "notebook": notebook,
-        "may_change": may_change(request, workspace),
+        "member": member,
+        "may_change": may(request.user, notebook, USE),
         "absolute_url": request.build_absolute_uri(notebook.url) if notebook.url else "",
     }
+    if not member:  # a collaborator's page hears its instance alone
+        context["live_workspaces"] = [f"instance:{notebook.instance_id}"]
     template = "web/notebooks/_status.html" if is_fragment(request) else "web/notebooks/detail.html"
     return page(request, template, context)
 
@@ -101,8 +135,7 @@ def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
 @signed_in
 def notebook_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     """GET asks for confirmation; POST stops the notebook for good."""
-    workspace = workspace_for(request, ws, CHANGE)
-    notebook = get_for(request, Notebook.objects.select_related("instance"), pk=pk, workspace=workspace)
+    workspace, notebook = shared_for(request, ws, Notebook.objects.select_related("workspace", "instance"), pk, USE)
     errors: Errors = {}
     if request.method == "POST":
         try:
@@ -111,6 +144,8 @@ def notebook_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
             errors["form"] = [exc.message]
         else:
             messages.success(request, f"Notebook {notebook.name} was deleted.")
+            if not is_member(request, workspace):
+                return redirect("web:instance", ws=workspace.name, pk=notebook.instance_id)
             return redirect("web:notebooks", ws=workspace.name)
     context = {"workspace": workspace, "notebook": notebook, "errors": errors}
     return page(request, "web/notebooks/delete.html", context, status=409 if errors else 200)

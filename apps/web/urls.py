@@ -22,6 +22,11 @@ urlpatterns = [
     path("w/<str:ws>/instances/<int:pk>/describe/", instances.instance_describe, name="instance-describe"),
     path("w/<str:ws>/instances/<int:pk>/delete/", instances.instance_delete, name="instance-delete"),
     path("w/<str:ws>/instances/<int:pk>/kubeconfig/", instances.instance_kubeconfig, name="instance-kubeconfig"),
+    path(
+        "w/<str:ws>/instances/<int:pk>/collaborators/",
+        instances.instance_collaborators,
+        name="instance-collaborators",
+    ),
     path("w/<str:ws>/notebooks/", notebooks.notebook_list, name="notebooks"),
     path("w/<str:ws>/notebooks/new/", notebooks.notebook_new, name="notebook-new"),
     path("w/<str:ws>/notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),

@@ -5,6 +5,13 @@ found (404), so a user learns nothing about other tenants' objects.
 
 A workload's token (apps/accounts/tokens.py) presents its user scoped to one workspace
 (`workspace_scope`): there, the user's own role (an owner's, for a platform admin); elsewhere, none.
+
+An instance can be shared with a collaborator (apps/compute/models.py, `Collaborator`) who is no
+member of its workspace: a model that names the way to its collaborators (`COLLABORATORS`: the
+instance, and its notebooks) is found for them too. Read access lets them see it (VIEW); write
+access lets them work in it (USE: open and start its notebooks, take its kubeconfig). Nothing
+changes the instance itself for them (CHANGE), and nothing else of the workspace is found.
+Collaborations are a person's: a workload's token, bound to its own workspace, has none.
 """
 
 from __future__ import annotations
@@ -22,6 +29,12 @@ M = TypeVar("M", bound=Model)
 VIEW = Role.VIEWER
 CHANGE = Role.MEMBER
 MANAGE = Role.OWNER
+# Work in a shared object (open a notebook, start one on an instance, take a kubeconfig): a
+# member's role in the workspace, or a collaborator's write access to that object.
+USE = "use"
+
+# The collaborator access that grants each role, for the models that are shared.
+_COLLABORATOR_ACCESS = {VIEW: ("read", "write"), USE: ("write",)}
 
 
 def _roles_at_least(role: str) -> list[str]:
@@ -35,6 +48,7 @@ def _scope(user: Any) -> int | None:
 
 def workspace_ids(user: Any, role: str = VIEW) -> QuerySet[Workspace]:
     """A subquery of the ids of the workspaces where `user` holds at least `role`."""
+    role = CHANGE if role == USE else role
     if not getattr(user, "is_authenticated", False):
         return Workspace.objects.none().values("pk")
     scope = _scope(user)
@@ -51,12 +65,42 @@ def workspace_ids(user: Any, role: str = VIEW) -> QuerySet[Workspace]:
 
 
 def restrict(queryset: QuerySet[M], user: Any, role: str = VIEW, *, field: str = "workspace") -> QuerySet[M]:
-    """Narrow a queryset of tenant objects to those in workspaces where `user` holds `role`."""
-    if getattr(user, "is_staff", False) and getattr(user, "is_authenticated", False):
+    """Narrow a queryset of tenant objects to those in workspaces where `user` holds `role`, and,
+    for a shared model, those shared with `user` with the access `role` needs."""
+    if getattr(user, "is_staff", False) and getattr(user, "is_authenticated", False) and _scope(user) is None:
         return queryset
     if queryset.model is Workspace:
         return queryset.filter(pk__in=workspace_ids(user, role))
-    return queryset.filter(**{f"{field}__in": workspace_ids(user, role)})
+    granted = Q(**{f"{field}__in": workspace_ids(user, role)})
+    shared = collaborator_grant(queryset.model, user, role)
+    return queryset.filter(granted | shared if shared is not None else granted)
+
+
+def collaborator_grant(model: type[Model], user: Any, role: str) -> Q | None:
+    """The rows of `model` shared with `user` with the access `role` needs, or None."""
+    from apps.compute.models import Collaborator  # the compute app builds on this one
+
+    field = getattr(model, "COLLABORATORS", None)
+    access = _COLLABORATOR_ACCESS.get(role)
+    if field is None or access is None or not getattr(user, "is_authenticated", False) or _scope(user) is not None:
+        return None
+    instances = Collaborator.objects.filter(user=user, access__in=access).values("instance_id")
+    return Q(**{f"{field}__in": instances})
+
+
+def may(user: Any, obj: Model, role: str) -> bool:
+    """Whether `user` holds `role` on this one object: its workspace's role, or a collaborator's
+    access to it. The check for an action on an object that may be shared."""
+    return restrict(type(obj)._default_manager.filter(pk=obj.pk), user, role).exists()
+
+
+def shared_workspace_ids(user: Any) -> QuerySet[Any]:
+    """A subquery of the ids of the workspaces that have an instance shared with `user`."""
+    from apps.compute.models import Collaborator  # the compute app builds on this one
+
+    if not getattr(user, "is_authenticated", False) or _scope(user) is not None:
+        return Collaborator.objects.none().values("instance__workspace_id")
+    return Collaborator.objects.filter(user=user).values("instance__workspace_id")
 
 
 def role_in(user: Any, workspace: Workspace) -> str | None:

@@ -1,4 +1,5 @@
-"""Live state changes of one workspace's instances, notebooks and jobs, over a WebSocket.
+"""Live state changes of one workspace's instances, notebooks and jobs, over a WebSocket; and of
+one instance and its notebooks, for whom it is shared with (its collaborators).
 
 Access is checked when the socket opens and again before each message it would send (the answer
 kept for at most `RECHECK_S`): a member removed, a user deactivated or whose password changed, an
@@ -15,7 +16,7 @@ from django.contrib.auth import HASH_SESSION_KEY, get_user_model
 from django.utils.crypto import constant_time_compare
 
 from apps.workspaces.access import restrict
-from apps.workspaces.live import CONSOLE_GROUP, HEARTBEAT_GROUP, group_name
+from apps.workspaces.live import CONSOLE_GROUP, HEARTBEAT_GROUP, group_name, instance_group_name
 from apps.workspaces.models import Workspace
 
 RECHECK_S = 1.0
@@ -96,6 +97,29 @@ class WorkspaceConsumer(_Rechecked):
     def allowed(self) -> bool:
         user = _active_user(self.scope)
         return user is not None and restrict(Workspace.objects.filter(pk=self.workspace_id), user).exists()
+
+
+class InstanceConsumer(_Rechecked):
+    """One instance's changes and its notebooks': for anyone who may see the instance, a
+    collaborator it is shared with included (who hears nothing else of its workspace)."""
+
+    instance_id: int | None = None
+
+    def _visible(self, user: Any) -> bool:
+        from apps.compute.models import Instance  # the compute app builds on this one
+
+        return user is not None and restrict(Instance.objects.filter(pk=self.instance_id), user).exists()
+
+    async def connect(self) -> None:
+        self.instance_id = self.scope["url_route"]["kwargs"]["pk"]
+        if not await database_sync_to_async(self._visible)(self.scope.get("user")):
+            await self.close(code=4404)
+            return
+        await self.join(instance_group_name(self.instance_id), HEARTBEAT_GROUP)
+        await self.accept()
+
+    def allowed(self) -> bool:
+        return self._visible(_active_user(self.scope))
 
 
 class ConsoleConsumer(_Rechecked):

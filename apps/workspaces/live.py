@@ -25,6 +25,11 @@ def group_name(workspace_id: int) -> str:
     return f"workspace.{workspace_id}"
 
 
+def instance_group_name(instance_id: int) -> str:
+    """One instance's changes (its own and its notebooks'), for those it is shared with."""
+    return f"instance.{instance_id}"
+
+
 def heartbeat() -> None:
     """One beat to every open page (from the scheduler loop)."""
     layer = get_channel_layer()
@@ -36,8 +41,12 @@ def heartbeat() -> None:
         logger.warning("could not send the live heartbeat", exc_info=True)
 
 
-def notify(workspace_id: int, kind: str, payload: dict[str, Any]) -> None:
-    """Send {"kind": ..., **payload} to every socket watching the workspace, after commit."""
+def notify(workspace_id: int, kind: str, payload: dict[str, Any], *, instance_id: int | None = None) -> None:
+    """Send {"kind": ..., **payload} to every socket watching the workspace, after commit; and to
+    those watching the instance, for a change of an instance (``kind`` "instance") or of something
+    on one (``instance_id``)."""
+    if instance_id is None and kind == "instance":
+        instance_id = payload["id"]
 
     def send() -> None:
         layer = get_channel_layer()
@@ -46,6 +55,8 @@ def notify(workspace_id: int, kind: str, payload: dict[str, Any]) -> None:
         message = {"type": "state.changed", "kind": kind, "payload": payload}
         try:
             async_to_sync(layer.group_send)(group_name(workspace_id), message)
+            if instance_id is not None:
+                async_to_sync(layer.group_send)(instance_group_name(instance_id), message)
             console = {**message, "payload": {**payload, "workspace_id": workspace_id}}
             async_to_sync(layer.group_send)(CONSOLE_GROUP, console)
         except Exception:  # a live update is best effort; the page's next load is the truth

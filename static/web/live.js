@@ -63,8 +63,11 @@
 
   function connect(workspace, attempt) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    // The console (workspace "") hears every workspace; a page of workspaces hears each of its own.
-    const path = workspace ? `/ws/workspaces/${encodeURIComponent(workspace)}/` : "/ws/console/";
+    // The console (workspace "") hears every workspace; a page of workspaces hears each of its own;
+    // a page of an instance shared with its reader ("instance:<id>") hears that instance alone.
+    const shared = workspace.startsWith("instance:") ? workspace.slice("instance:".length) : null;
+    const path = shared ? `/ws/instances/${encodeURIComponent(shared)}/`
+      : workspace ? `/ws/workspaces/${encodeURIComponent(workspace)}/` : "/ws/console/";
     const socket = new WebSocket(`${scheme}//${location.host}${path}`);
     const entry = { openedAt: 0, lastBeat: 0 };
     sockets.set(workspace, entry);

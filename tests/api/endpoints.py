@@ -26,7 +26,8 @@ from apps.audit.events import Event
 from apps.catalog.actions import do_save_profile
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook
-from apps.compute.models import Instance, Notebook
+from apps.compute.collaborators import do_set_collaborator
+from apps.compute.models import Collaborator, Instance, Notebook
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.inventory.models import GPU, Cluster, Node
@@ -171,6 +172,20 @@ def invitation(world: World, workspace: Workspace, email: str = "") -> Any:
         base_url="http://testserver/",
         acting_user=world.admin,
     )
+
+
+def collaborator(world: World, workspace: Workspace) -> Any:
+    """Someone an instance of the workspace is shared with, read-only."""
+    n = Collaborator.objects.count()
+    box = instance(world, workspace, f"shared-{n}")
+    guest = do_save_user(get_user_model()(), username=f"guest-{n}-of-{workspace.name}", acting_user=world.admin)
+    return do_set_collaborator(box, guest, "read", acting_user=acting(world, workspace))
+
+
+def more_collaborators(world: World, rows: range) -> None:
+    do_update_workspace(world.team_a, max_instances=100, acting_user=world.admin)
+    for _ in rows:
+        collaborator(world, world.team_a)
 
 
 def more_invitations(world: World, rows: range) -> None:
@@ -326,6 +341,7 @@ ENDPOINTS = [
     Endpoint("notebooks", notebook,
              create=lambda w, ws: {"instance": instance(w, ws, "host-2").pk, "name": "nb-2", "profile": "minimal"},
              patch={"description": "Plots"}, delete=True, more=more_notebooks),
+    Endpoint("collaborators", collaborator, patch={"access": "write"}, delete=True, more=more_collaborators),
     Endpoint("jobs", job, create=lambda w, ws: {"workspace": ws.name, "name": "train-2", "command": "python t.py",
                                                  "gpu_type": "h100", "gpus_per_replica": "0.50", "replicas": 2},
              actions=("cancel",), reads=("logs", "artifact"), more=more_jobs),
