@@ -85,12 +85,19 @@ def launch_instance(page: Page, name: str, size: str) -> None:
 
 
 def invite_and_revoke(page: Page, portal: Portal, mailbox: Mailbox, notebook: Notebook) -> None:
-    page.goto(f"{portal.url}/w/team-a/members/")
-    page.get_by_role("textbox", name="Email").fill("dana@example.org")
-    page.get_by_role("button", name="Invite").click()
-    expect(page.locator(".flash")).to_contain_text("dana@example.org was invited to team-a as member")
-    expect(page.locator('[data-invitation="dana@example.org"]')).to_contain_text("Waiting")
-    screenshot(page, "members-invited")
+    """Alice shares her instance with dana by email, from its Collaborators panel: dana follows the
+    mailed link on her phone, makes her account, finds the instance (and nothing else of team-a)
+    and opens its notebook; removed, her open JupyterLab is refused its next request."""
+    instance_url = f"{portal.url}/w/team-a/instances/{notebook.instance_id}/"
+    page.goto(instance_url)
+    panel = page.locator("#collaborators")
+    panel.get_by_role("textbox", name="Email").fill("dana@example.org")
+    panel.get_by_label("Access").select_option("write")
+    panel.get_by_role("button", name="Invite").click()
+    expect(page.locator(".flash")).to_contain_text("dana@example.org was invited to dev-box, read-write")
+    expect(page.locator('#collaborators [data-invitation="dana@example.org"]')).to_contain_text("Waiting")
+    page.locator("#collaborators").scroll_into_view_if_needed()
+    screenshot(page, "collaborators-invited")
     [mail] = mailbox.wait_for(1)
     link = re.search(r"(http://\S+/invitations/[A-Za-z0-9_-]+/)", body_of(mail))
     assert link and mail["To"] == "dana@example.org"
@@ -100,13 +107,18 @@ def invite_and_revoke(page: Page, portal: Portal, mailbox: Mailbox, notebook: No
         guest = dana.new_page()
         guest.goto(link.group(1))
         expect(guest.get_by_role("heading", level=1)).to_have_text("You are invited")
+        expect(guest.locator(".invitation")).to_contain_text("the instance dev-box of the workspace team-a")
         screenshot(guest, "invitation-phone", live=False)
         guest.get_by_label("Username").fill("dana")
         guest.get_by_label("Password", exact=True).fill(PASSWORD)
         guest.get_by_label("Password again").fill(PASSWORD)
         guest.get_by_role("button", name="Make my account and accept").click()
-        expect(guest.locator(".flash")).to_contain_text("You are now member of team-a")
-        guest.goto(f"{portal.url}/w/team-a/notebooks/{notebook.pk}/")
+        expect(guest.locator(".flash")).to_contain_text("Instance dev-box of team-a is shared with you, read-write")
+        expect(guest.get_by_role("heading", level=1)).to_have_text("dev-box")
+        expect(guest.locator("#live-status")).to_have_text("Live", timeout=LIVE_S)  # the instance's own socket
+        assert guest.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        screenshot(guest, "shared-instance-phone")
+        guest.get_by_role("link", name=notebook.name, exact=True).click()
         with dana.expect_page() as opened:
             guest.get_by_role("link", name="Open Jupyter").click()
         lab = opened.value
@@ -119,15 +131,15 @@ def invite_and_revoke(page: Page, portal: Portal, mailbox: Mailbox, notebook: No
             "() => fetch('/api/contents', {redirect: 'manual'}).then(r => r.type == 'opaqueredirect' ? 0 : r.status)"
         )
         assert lab.evaluate(status) == 200
-        page.goto(f"{portal.url}/w/team-a/members/")
-        page.locator('[data-member="dana"]').get_by_role("button", name="Remove").click()
-        expect(page.locator(".flash")).to_contain_text("dana was removed from team-a")
+        page.goto(instance_url)
+        page.locator('[data-collaborator="dana"]').get_by_role("button", name="Remove").click()
+        expect(page.locator(".flash")).to_contain_text("dana no longer has access to dev-box")
         for _ in range(50):  # the notebook's server asks the portal again at most a second later
             if lab.evaluate(status) != 200:
                 break
             lab.wait_for_timeout(200)
         assert lab.evaluate(status) in (0, 403)
-        guest.goto(f"{portal.url}/w/team-a/")
+        guest.goto(instance_url)
         expect(guest.get_by_role("heading", level=1)).to_have_text("Page not found")
     finally:
         dana.close()
@@ -194,8 +206,8 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(
     assert jupyter.evaluate(RUN_CELL, {"code": sdk_cell}) == "SUCCEEDED team-a\n"
     jupyter.close()
 
-    # 4b. invite a colleague by email: she follows the mailed link, makes her account, opens the
-    # same notebook; removed from the workspace, her open notebook refuses her next request
+    # 4b. share the instance with a colleague by email: she follows the mailed link, makes her
+    # account, opens the same notebook; removed, her open notebook refuses her next request
     invite_and_revoke(page, portal, mailbox, notebook)
 
     # 5. submit a 1-GPU job and watch it go queued -> running -> succeeded, without reloading

@@ -211,3 +211,62 @@ def test_with_single_sign_on_the_link_asks_to_sign_in_there(world: World, mailbo
     assert "Make my account" not in page and f'href="/sso/start/?next={link}"' in page
     made = Client().post(link, {"action": "create", "username": "dana", "password": PASSWORD, "password2": PASSWORD})
     assert made.status_code == 400 and not get_user_model().objects.filter(username="dana").exists()
+
+
+def test_an_invitation_to_an_instance_shares_it_alone_until_withdrawn_or_removed(
+    world: World, mailbox: Mailbox
+) -> None:
+    """A member shares one instance by email: the invitee gets that instance (read-write here)
+    and nothing else of team-a; a second invitation, withdrawn, stops working; removing the
+    collaborator ends their access."""
+    from apps.compute.actions import check_launch_instance
+    from apps.compute.models import Collaborator
+
+    box = check_launch_instance(world.team_a, name="box", profile=world.cpu_small, acting_user=world.alice)
+    bob = signed_in(world.bob)  # a member, not an owner: members share instances
+    url = f"/w/team-a/instances/{box.pk}/collaborators/"
+    assert bob.post(url, {"action": "invite", "email": "dana@example.org", "access": "write"}).status_code == 302
+    [message] = mailbox.wait_for(1)
+    assert message["Subject"] == "bob invited you to instance box of team-a on GPU Portal"
+    assert "the instance box of the workspace team-a" in body_of(message)
+    link = link_in(mailbox)
+    stranger = Client()
+    page = stranger.get(link).content.decode()
+    assert "to the instance <strong>box</strong> of the workspace <strong>team-a</strong>" in page
+    made = stranger.post(link, {"action": "create", "username": "dana", "password": PASSWORD, "password2": PASSWORD})
+    assert made.status_code == 302 and made["Location"] == f"/w/team-a/instances/{box.pk}/"
+    dana = get_user_model().objects.get(username="dana")
+    assert Collaborator.objects.get(instance=box, user=dana).access == "write"
+    assert not Membership.objects.filter(workspace=world.team_a, user=dana).exists()
+    assert stranger.get(f"/w/team-a/instances/{box.pk}/").status_code == 200
+    for elsewhere in ("/w/team-a/", "/w/team-a/jobs/", "/w/team-a/instances/", "/w/team-a/members/"):
+        assert stranger.get(elsewhere).status_code == 404, elsewhere
+    # A second invitation (to erin), withdrawn before she uses it.
+    bob.post(url, {"action": "invite", "email": "erin@example.org", "access": "read"})
+    erins = link_in(mailbox, 2)
+    invitation = Invitation.objects.get(email="erin@example.org")
+    assert bob.post(url, {"action": "withdraw", "invitation": invitation.pk}).status_code == 302
+    assert Client().get(erins).status_code == 410
+    # Removed: her next request finds nothing.
+    collaborator = Collaborator.objects.get(instance=box, user=dana)
+    assert bob.post(url, {"action": "remove", "collaborator": collaborator.pk}).status_code == 302
+    assert stranger.get(f"/w/team-a/instances/{box.pk}/").status_code == 404
+    actions = list(AuditEvent.objects.filter(workspace=world.team_a).values_list("action", flat=True))
+    for action in ("invitation.create", "invitation.accept", "collaborator.set", "invitation.withdraw"):
+        assert action in actions, action
+    assert actions.count("collaborator.remove") == 1
+
+
+def test_an_invitation_to_an_ended_instance_no_longer_works(world: World, mailbox: Mailbox) -> None:
+    from apps.compute.actions import check_launch_instance
+    from apps.compute.models import Instance
+
+    box = check_launch_instance(world.team_a, name="box", profile=world.cpu_small, acting_user=world.alice)
+    signed_in(world.bob).post(
+        f"/w/team-a/instances/{box.pk}/collaborators/",
+        {"action": "invite", "email": "dana@example.org", "access": "read"},
+    )
+    link = link_in(mailbox)
+    Instance.objects.filter(pk=box.pk).update(state=Instance.State.DELETED)
+    page = Client().get(link)
+    assert page.status_code == 410 and "has ended" in page.content.decode()

@@ -88,6 +88,8 @@ def nav_section(context: dict[str, Any]) -> str:
     if match is None:
         return ""
     name = match.url_name or ""
+    if context.get("member") is False:  # something shared with the user, in a workspace not theirs
+        return "shared"
     if match.namespace == "console":
         return f"console-{name.split('-')[0]}"
     if name in SECTIONS:
