@@ -89,3 +89,13 @@ def user_for_token(key: str) -> WorkloadUser | None:
     if workload.state not in live or not workload.created_by.is_active:
         return None
     return WorkloadUser.acting_for(workload.created_by, workspace_id=workload.workspace_id, workload=f"{kind} {pk}")
+
+
+def held_by_workloads(user: Any, limit: int = 50) -> list[tuple[str, Any]]:
+    """The user's workloads whose tokens work now, newest first, as (kind, workload): what the
+    tokens page lists, for the user to see what acts for them (and end it to revoke it)."""
+    held: list[tuple[str, Any]] = []
+    for kind, (model, live) in _KINDS.items():
+        rows = model.objects.filter(created_by=user, state__in=live).select_related("workspace")
+        held += [(kind, row) for row in rows.order_by("-created_at")[:limit]]
+    return sorted(held, key=lambda pair: pair[1].created_at, reverse=True)[:limit]

@@ -19,6 +19,7 @@ from django.views.decorators.cache import never_cache
 from apps.accounts.api import ApiTokenSerializer
 from apps.accounts.api_tokens import do_create_token, do_revoke_token
 from apps.accounts.models import ApiToken
+from apps.accounts.tokens import held_by_workloads
 from apps.errors import ActionError
 from apps.web.common import Errors, action_kwargs, page, serializer_context, signed_in, validated
 
@@ -110,5 +111,6 @@ def tokens(request: HttpRequest) -> HttpResponse:
         "expiry_help": f"{settings.PORTAL_API_TOKEN_MAX_DAYS} days at most.",
         "portal_url": settings.PORTAL_PUBLIC_URL,
         "live_workspaces": [],  # no workspace's work is shown here
+        "workloads": held_by_workloads(request.user),
     }
     return page(request, "web/tokens.html", context, status=400 if errors else 200)

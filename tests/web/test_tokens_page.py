@@ -199,3 +199,25 @@ def test_changes_need_the_csrf_token(world: World) -> None:
     assert not ApiToken.objects.filter(name="sneaky").exists()
     token.refresh_from_db()
     assert token.revoked_at is None
+
+
+def test_the_page_lists_the_workloads_whose_tokens_act_for_me_while_they_live(
+    world: World, signed_in: SignedIn
+) -> None:
+    from apps.accounts.tokens import workload_token
+    from apps.jobs.actions import check_submit_job
+    from apps.jobs.models import Job
+
+    running = check_submit_job(world.team_a, name="training", command="true", acting_user=world.bob)
+    ended = check_submit_job(world.team_a, name="old-run", command="true", acting_user=world.bob)
+    others = check_submit_job(world.team_a, name="alices", command="true", acting_user=world.alice)
+    Job.objects.filter(pk__in=[running.pk, others.pk]).update(state=Job.State.RUNNING)
+    Job.objects.filter(pk=ended.pk).update(state=Job.State.SUCCEEDED)
+    page = signed_in(world.bob).get("/tokens/").content.decode()
+    listed = re.findall(r'data-workload="([a-z]+-\d+)"', page)
+    assert listed == [f"job-{running.pk}"]  # not the ended one, nor alice's
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {workload_token(ended)}")
+    assert client.get("/api/v1/me/").status_code == 401  # what the page says: it ended, so did its token
+    Job.objects.filter(pk=running.pk).update(state=Job.State.CANCELLED)
+    assert "None now" in signed_in(world.bob).get("/tokens/").content.decode()
