@@ -1,7 +1,8 @@
-"""The web pages for someone an instance is shared with, generated from every workspace route:
-they reach the shared instance's page, its notebooks' pages and (with write access) its
-kubeconfig and a new notebook on it; every other page of its workspace is a 404, as for another
-tenant; and the workspace's members manage the collaborators on the instance's page."""
+"""The web pages, generated from every workspace route: someone an instance is shared with
+reaches the shared instance's page, its notebooks' pages and (with write access) its kubeconfig
+and a new notebook on it, and every other page of its workspace is a 404, as for another tenant;
+a viewer, a read-only collaborator and another tenant change nothing through any page; and the
+workspace's members manage the collaborators on the instance's page."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.urls import URLPattern
 
 from apps.compute.models import Collaborator, Instance, Notebook
 from apps.invitations.models import Invitation
+from apps.jobs.actions import check_submit_job
 from apps.web import urls as web_urls
 from tests.api.test_collaborators import Shared
 from tests.personas import World
@@ -141,3 +143,74 @@ def test_only_members_manage_collaborators(world: World, shared: Shared, signed_
         assert response.status_code == 403, user
     assert signed_in(world.charlie).post(url, {"action": "remove", "collaborator": shared.read.pk}).status_code == 404
     assert Collaborator.objects.filter(pk=shared.read.pk).exists()
+
+
+def _state() -> tuple[int, ...]:
+    """What a refused change must leave as it was: every kind of row a page can change, and the
+    audit trail."""
+    from apps.audit.models import AuditEvent
+    from apps.jobs.models import Job
+    from apps.workspaces.models import Membership
+
+    live = (
+        Instance.objects.filter(state__in=Instance.LIVE_STATES).count(),
+        Notebook.objects.filter(state__in=Notebook.LIVE_STATES).count(),
+        Job.objects.exclude(state=Job.State.CANCELLED).count(),
+    )
+    rows = (Membership, Collaborator, Invitation, AuditEvent)
+    values = (
+        *Membership.objects.order_by("pk").values_list("role", flat=True),
+        *Collaborator.objects.order_by("pk").values_list("access", flat=True),
+        *Instance.objects.order_by("pk").values_list("description", flat=True),
+        *Invitation.objects.order_by("pk").values_list("withdrawn_at", flat=True),
+    )
+    return (*live, *(model.objects.count() for model in rows), *values)
+
+
+def _bodies(world: World, shared: Shared) -> list[dict[str, Any]]:
+    """What a member would send to the workspace's pages to change something, one form each."""
+    from apps.workspaces.models import Membership
+
+    membership = Membership.objects.filter(workspace=world.team_a).first()
+    invitation = Invitation.objects.create(
+        workspace=world.team_a, email="guest@example.org", digest="0" * 64, expires_at="2100-01-01T00:00Z"
+    )
+    common = {
+        "name": "evil",
+        "description": "changed",
+        "profile": "cpu-small",
+        "instance": shared.instance.pk,
+        "command": "true",
+        "step": "3",
+        "email": "eve@example.org",
+        "username": "charlie",
+        "role": "owner",
+        "access": "write",
+        "membership": membership.pk if membership else 0,
+        "collaborator": shared.read.pk,
+        "invitation": invitation.pk,
+    }
+    return [common] + [{**common, "action": a} for a in ("invite", "add", "role", "remove", "access", "withdraw")]
+
+
+@pytest.mark.parametrize("pattern", _workspace_routes(), ids=lambda p: p.name)
+def test_who_may_only_look_changes_nothing_on_any_page(
+    pattern: URLPattern, world: World, shared: Shared, signed_in: SignedIn
+) -> None:
+    """Every workspace page, sent every form a member would send, by team-a's viewer, a read-only
+    collaborator and another tenant: nothing changes, and another tenant learns nothing (404)."""
+    job = check_submit_job(world.team_a, name="train", command="true", acting_user=world.alice)
+    bodies = _bodies(world, shared)
+    ids = {"instance": shared.instance.pk, "notebook": shared.notebook.pk, "job": job.pk}
+    kind = (pattern.name or "").split("-")[0]
+    url = _url(pattern, ids.get(kind, shared.instance.pk))
+    clients = {user: signed_in(user) for user in (world.victor, shared.rita, world.charlie)}
+    before = _state()
+    for user, client in clients.items():
+        for body in bodies:
+            response = client.post(url, body)
+            if user == world.charlie:
+                assert response.status_code in (404, 405), (pattern.name, body.get("action"), response.status_code)
+            else:
+                assert response.status_code in (200, 400, 403, 404, 405), (pattern.name, response.status_code)
+            assert _state() == before, (pattern.name, user, body.get("action"))
