@@ -1,4 +1,5 @@
-"""The landing page (everything active in my workspaces) and the workspace switcher."""
+"""The landing page (everything active in my workspaces, and what is shared with me) and the workspace
+switcher."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.urls import reverse
 
 from apps.compute.models import Instance, Notebook
 from apps.jobs.models import Job
-from apps.web.common import is_fragment, my_workspaces, page, signed_in, workspace_for
+from apps.web.common import is_fragment, my_workspaces, page, shared_with, signed_in, workspace_for
 from apps.web.usage import quota_use
 from apps.workspaces.access import restrict
 
@@ -25,7 +26,8 @@ def landing(request: HttpRequest) -> HttpResponse:
     queued = jobs.filter(state=Job.State.QUEUED).order_by("cluster_queue_position", "created_at")
     context = {
         "my_workspaces": workspaces,
-        "live_workspaces": [w.name for w in workspaces],
+        # Its own workspaces' changes, and those of the instances shared with the user.
+        "live_workspaces": [w.name for w in workspaces] + [f"instance:{i.pk}" for i in shared_with(request)],
         "counts": {
             "instances": instances.count(),
             "notebooks": notebooks.count(),

@@ -214,3 +214,12 @@ def test_who_may_only_look_changes_nothing_on_any_page(
             else:
                 assert response.status_code in (200, 400, 403, 404, 405), (pattern.name, response.status_code)
             assert _state() == before, (pattern.name, user, body.get("action"))
+
+
+def test_the_overview_lists_what_is_shared_and_hears_it(world: World, shared: Shared, signed_in: SignedIn) -> None:
+    other = Instance.objects.create(workspace=world.team_a, name="not-shared", profile=world.cpu_small)
+    page = signed_in(shared.rita).get("/").content.decode()
+    assert f"/w/team-a/instances/{shared.instance.pk}/" in page
+    assert f"/w/team-a/instances/{other.pk}/" not in page
+    live = re.search(r'data-live-workspaces="([^"]*)"', page)
+    assert live and live.group(1).split(",") == ["rita", f"instance:{shared.instance.pk}"]
