@@ -1,5 +1,6 @@
 # Starts the real services the test suite needs where they are not already running:
-# PostgreSQL and Redis on 127.0.0.1. Installs them from Debian's packages when they are absent.
+# PostgreSQL and Redis on 127.0.0.1, and the tools other tests start themselves (Chromium,
+# Prometheus, Alertmanager). Installs them from Debian's packages when they are absent.
 # Idempotent; safe on a developer machine and in CI.
 
 APT_UPDATED=""
@@ -57,6 +58,17 @@ ensure_chromium() {
   echo "Installing Chromium..."
   apt_install chromium || {
     echo "The browser tests need /usr/bin/chromium: install Debian's chromium package (sudo apt-get install chromium)." >&2
+    return 1
+  }
+}
+
+# Debian's Prometheus and Alertmanager, for the monitoring tests (a real scrape, real alerts). The
+# tests start their own servers on loopback ports; nothing is started here.
+ensure_prometheus() {
+  if command -v prometheus >/dev/null 2>&1 && command -v prometheus-alertmanager >/dev/null 2>&1; then return 0; fi
+  echo "Installing Prometheus and Alertmanager..."
+  apt_install prometheus prometheus-alertmanager || {
+    echo "The monitoring tests need Debian's prometheus and prometheus-alertmanager (sudo apt-get install prometheus prometheus-alertmanager)." >&2
     return 1
   }
 }

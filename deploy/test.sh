@@ -11,6 +11,7 @@ ensure_bubblewrap
 ensure_postgres
 ensure_redis
 ensure_chromium
+ensure_prometheus
 cd "$ROOT"
 # A real Slurm (4 simulated nodes x 4 GPUs) for the Slurm backend's tests; see docs/slurm.md.
 bash deploy/slurm.sh start

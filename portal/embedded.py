@@ -268,6 +268,9 @@ def main() -> int:
         print(f"API docs: {url}/api/docs/   Logs: {log_dir}   Stop: Ctrl-C", flush=True)
         if not os.environ.get("EMAIL_HOST"):  # no mail server: invitations are written as files
             print(f"Mail (invitations): written to {data_dir / 'mail'}; set EMAIL_HOST to send it", flush=True)
+        if not os.environ.get("PORTAL_METRICS_TOKEN"):
+            where = data_dir / "metrics_token"
+            print(f"Metrics: {url}/metrics, with 'Authorization: Bearer <the token in {where}>'", flush=True)
         print(flush=True)
         # A child that dies is started again (running workloads are left alone and reattached);
         # the proxy's routes come back with the scheduler loop's next reconcile.

@@ -23,9 +23,10 @@ PRODUCTION = PORTAL_ENV == "production"
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 
 
-def _embedded_secret_key() -> str:
-    """The embedded default keeps a generated key in its data directory, so sessions survive restarts."""
-    path = DATA_DIR / "secret_key"
+def _embedded_secret(name: str) -> str:
+    """The embedded default keeps generated secrets in its data directory, so they survive restarts
+    (the secret key: sessions)."""
+    path = DATA_DIR / name
     if not path.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
         path.write_text(secrets.token_urlsafe(50))
@@ -37,7 +38,7 @@ SECRET_KEY = env_secret("SECRET_KEY")
 if not SECRET_KEY:
     if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when PORTAL_ENV=production.")
-    SECRET_KEY = _embedded_secret_key()
+    SECRET_KEY = _embedded_secret("secret_key")
 if PRODUCTION and len(SECRET_KEY) < 50:
     raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters long.")
 
@@ -64,6 +65,7 @@ INSTALLED_APPS = [
     "apps.audit",
     "apps.workspaces",
     "apps.invitations",
+    "apps.monitoring",
     "apps.catalog",
     "apps.inventory",
     "apps.compute",
@@ -246,6 +248,9 @@ EMAIL_FILE_PATH = DATA_DIR / "mail"
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1, maximum=300)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpu-portal@localhost>")
 # Invitations: how long a link lives, and how many a user, and a workspace, may send in an hour.
+# /metrics answers a scraper that presents this bearer token; without one it is off. The embedded
+# default keeps a generated one in its data directory.
+PORTAL_METRICS_TOKEN = env_secret("PORTAL_METRICS_TOKEN") or ("" if PRODUCTION else _embedded_secret("metrics_token"))
 PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
 PORTAL_INVITATIONS_PER_USER_HOUR = env_int("PORTAL_INVITATIONS_PER_USER_HOUR", 20, minimum=1)
 PORTAL_INVITATIONS_PER_WORKSPACE_HOUR = env_int("PORTAL_INVITATIONS_PER_WORKSPACE_HOUR", 50, minimum=1)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.proxy import browser_session, sign_in
 
@@ -145,6 +146,22 @@ def test_it_runs_answers_and_stops_without_stray_processes(tmp_path: Path) -> No
         job_url = f"{url}/api/v1/jobs/{job.json()['id']}/"
         assert _wait_for_state(job_url, headers, {"SUCCEEDED", "FAILED"}) == "SUCCEEDED"
         assert requests.get(f"{job_url}logs/", headers=headers, timeout=10).json()["text"] == "hi from 0\n"
+
+        # The metrics, behind the token the start names, on SQLite: the job's wait and admission,
+        # and the scheduler loop's cycles.
+        assert f"Metrics: {url}/metrics" in "".join(portal.output)
+        scraper = {"Authorization": f"Bearer {(data_dir / 'metrics_token').read_text().strip()}"}
+        assert requests.get(f"{url}/metrics", timeout=10).status_code == 401
+        scraped = requests.get(f"{url}/metrics", headers=scraper, timeout=30)
+        assert scraped.status_code == 200, scraped.text[:300]
+        figures = {
+            sample.name + str(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(scraped.text)
+            for sample in family.samples
+        }
+        assert figures["gpuportal_admissions_total[('kind', 'job')]"] >= 1
+        assert figures["gpuportal_wait_seconds_count[('kind', 'job')]"] >= 1
+        assert figures["gpuportal_scheduler_cycles_total[]"] >= 1
 
         # An instance and a notebook on it run for real; the notebook answers through the proxy
         # in front of the portal, to its members.

@@ -26,7 +26,7 @@ from django.db import connection
 
 from apps.compute.hosting import build_notebook_environment as build_environment
 from apps.jobs.models import Job
-from apps.scheduling.adapter import run_cycle
+from apps.monitoring.cycles import timed_cycle
 from apps.workloads import host
 from workers.backends.base import BackendError
 
@@ -70,7 +70,7 @@ def schedule_cycle(requested_at: float | None = None) -> dict[str, Any]:
     if requested_at is not None and requested_at < _cycle_began_at:
         return {"coalesced": True}
     _cycle_began_at = time.time()
-    result = run_cycle()
+    result = timed_cycle()
     return {"admitted": result.admitted, "pending": result.pending}
 
 

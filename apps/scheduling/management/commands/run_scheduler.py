@@ -8,7 +8,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from apps.scheduling.adapter import requeue_unready_gangs, run_cycle
+from apps.monitoring.cycles import timed_cycle
+from apps.scheduling.adapter import requeue_unready_gangs
 from apps.workloads.host import SWEEP_EVERY_S, reconcile
 from apps.workspaces.live import HEARTBEAT_S, heartbeat
 
@@ -43,7 +44,7 @@ class Command(BaseCommand):
                 if sweep:
                     last_sweep = time.monotonic()
                 requeue_unready_gangs()
-                result = run_cycle()
+                result = timed_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
             except Exception:  # one failed cycle must not stop the loop; the next one retries

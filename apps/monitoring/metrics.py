@@ -1,0 +1,237 @@
+"""The portal's Prometheus metrics, read from the database at each scrape (`/metrics`).
+
+Every figure is the database's: whichever process changed it (the web, a worker, the scheduler
+loop), a scrape of any web process sees it, and a restart loses nothing. Labels are bounded:
+workspace, GPU type, cluster, kind and state, never a workload's id or name. Counters are totals
+kept by the portal (audit events, the scheduler's totals), so `rate()` and `increase()` work.
+
+See docs/operations.md for the list and how to scrape it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, F, Min, Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from apps.audit.events import Event
+from apps.audit.models import AuditEvent
+from apps.compute.models import Instance, Notebook
+from apps.inventory.models import GPU, Allocation, Node
+from apps.jobs.models import Job
+from apps.monitoring.models import SchedulerStats
+from apps.workspaces.models import GPUQuota
+
+# How long workloads waited from submission to their start, in seconds: the histogram's buckets.
+WAIT_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 21600, 86400)
+# Preemption reasons, as the scheduler words them (apps/scheduling/preemption.py).
+PREEMPTION_REASONS = {"quota": "preempted to give workspace", "priority": "preempted for higher-priority"}
+SCHEDULED = {"job": Job, "instance": Instance}
+NO_GPU = ""  # the gpu_type label of work that asks for no GPU
+
+
+def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[Any, ...]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for *values, value in rows:
+        family.add_metric([str(v or "") for v in values], float(value or 0))
+    return family
+
+
+class PortalCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        yield from self._queue(now)
+        yield from self._capacity()
+        yield from self._workloads()
+        yield from self._scheduler()
+        yield self._waits()
+
+    def _queue(self, now: Any) -> Iterator[Metric]:
+        length = GaugeMetricFamily(
+            "gpuportal_queue_workloads", "Workloads waiting to be admitted.", labels=["workspace", "gpu_type", "kind"]
+        )
+        gpus = GaugeMetricFamily(
+            "gpuportal_queue_gpus", "GPUs asked for by the workloads waiting.", labels=["workspace", "gpu_type"]
+        )
+        oldest = GaugeMetricFamily(
+            "gpuportal_queue_oldest_wait_seconds",
+            "How long the longest-waiting workload has waited.",
+            labels=["workspace", "gpu_type"],
+        )
+        asked: dict[tuple[str, str], Decimal] = {}
+        first: dict[tuple[str, str], Any] = {}
+        for kind, model in SCHEDULED.items():
+            rows = (
+                model.objects.filter(state=model.State.QUEUED)
+                .values_list("workspace__name", "gpu_type")
+                .annotate(n=Count("pk"), gpus=Sum(F("gpus_per_replica") * F("replicas")), since=Min("created_at"))
+            )
+            for workspace, gpu_type, n, total, since in rows:
+                key = (workspace, gpu_type or NO_GPU)
+                length.add_metric([*key, kind], n)
+                asked[key] = asked.get(key, Decimal(0)) + Decimal(total or 0)
+                first[key] = min(first.get(key, since), since)
+        for key, total in sorted(asked.items()):
+            gpus.add_metric(list(key), float(total))
+            oldest.add_metric(list(key), max(0.0, (now - first[key]).total_seconds()))
+        yield from (length, gpus, oldest)
+
+    def _capacity(self) -> Iterator[Metric]:
+        yield _gauge(
+            "gpuportal_gpus",
+            "GPUs in the inventory, on nodes that take work.",
+            ["cluster", "gpu_type"],
+            GPU.objects.filter(node__state=Node.State.READY)
+            .values_list("node__pool__cluster__name", "gpu_type")
+            .annotate(n=Count("pk"))
+            .order_by(),
+        )
+        yield _gauge(
+            "gpuportal_gpus_allocated",
+            "GPUs held by workloads (shares of a device add up).",
+            ["cluster", "gpu_type"],
+            Allocation.objects.values_list("gpu__node__pool__cluster__name", "gpu__gpu_type")
+            .annotate(n=Sum("fraction"))
+            .order_by(),
+        )
+        yield _gauge(
+            "gpuportal_workspace_gpus_allocated",
+            "GPUs held by each workspace's workloads.",
+            ["workspace", "gpu_type"],
+            Allocation.objects.annotate(workspace=Coalesce("job__workspace__name", "instance__workspace__name"))
+            .values_list("workspace", "gpu__gpu_type")
+            .annotate(n=Sum("fraction"))
+            .order_by(),
+        )
+        yield _gauge(
+            "gpuportal_workspace_quota_gpus",
+            "Each workspace's nominal GPU quota.",
+            ["workspace", "gpu_type"],
+            GPUQuota.objects.values_list("workspace__name", "gpu_type", "gpus").order_by(),
+        )
+        yield _gauge(
+            "gpuportal_nodes",
+            "Nodes, by state.",
+            ["cluster", "state"],
+            Node.objects.values_list("pool__cluster__name", "state").annotate(n=Count("pk")).order_by(),
+        )
+
+    def _workloads(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily("gpuportal_workloads", "Workloads, by kind and state.", labels=["kind", "state"])
+        for kind, model in (("job", Job), ("instance", Instance), ("notebook", Notebook)):
+            counted = dict(model.objects.values_list("state").annotate(n=Count("pk")).order_by())
+            for state in model.State.values:  # every state, 0 included, so a series never vanishes
+                states.add_metric([kind, state], counted.get(state, 0))
+        yield states
+        events = dict(
+            AuditEvent.objects.filter(action__in=[e.value for e in _COUNTED])
+            .values_list("action")
+            .annotate(n=Count("pk"))
+        )
+        for name, doc, labels, series in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for values, event in series:
+                family.add_metric(values, events.get(event.value, 0))
+            yield family
+        preemptions = CounterMetricFamily(
+            "gpuportal_preemptions", "Workloads preempted by the scheduler, by reason.", labels=["reason"]
+        )
+        preempted = AuditEvent.objects.filter(action=Event.JOB_PREEMPT.value)
+        counts = preempted.aggregate(
+            total=Count("pk"),
+            **{
+                reason: Count("pk", filter=Q(data__reason__startswith=text))
+                for reason, text in PREEMPTION_REASONS.items()
+            },
+        )
+        for reason in PREEMPTION_REASONS:
+            preemptions.add_metric([reason], counts[reason])
+        preemptions.add_metric(["other"], counts["total"] - sum(counts[r] for r in PREEMPTION_REASONS))
+        yield preemptions
+
+    def _scheduler(self) -> Iterator[Metric]:
+        stats = SchedulerStats.objects.filter(pk=SchedulerStats.ROW).first() or SchedulerStats()
+        yield CounterMetricFamily("gpuportal_scheduler_cycles", "Scheduling cycles run.", value=stats.cycles)
+        yield CounterMetricFamily(
+            "gpuportal_scheduler_cycle_failures", "Scheduling cycles that failed.", value=stats.failures
+        )
+        yield CounterMetricFamily(
+            "gpuportal_scheduler_cycle_seconds", "Time spent in scheduling cycles.", value=stats.cycle_seconds
+        )
+        yield GaugeMetricFamily(
+            "gpuportal_scheduler_last_cycle_seconds", "How long the last scheduling cycle took.",
+            value=stats.last_cycle_seconds,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "gpuportal_scheduler_last_cycle_timestamp_seconds",
+            "When the last scheduling cycle ended (Unix time; 0: none yet).",
+            value=stats.last_cycle_at.timestamp() if stats.last_cycle_at else 0,
+        )
+
+    def _waits(self) -> Metric:
+        """How long workloads waited from submission to their (first) start, as a histogram."""
+        family = HistogramMetricFamily(
+            "gpuportal_wait_seconds", "Time from submission to start, of workloads that started.", labels=["kind"]
+        )
+        for kind, model in SCHEDULED.items():
+            started = model.objects.filter(started_at__isnull=False)
+            wait = F("started_at") - F("created_at")
+            counts = started.aggregate(
+                total=Count("pk"),
+                waited=Sum(wait),
+                **{
+                    f"le_{b}": Count("pk", filter=Q(started_at__lte=F("created_at") + timedelta(seconds=b)))
+                    for b in WAIT_BUCKETS
+                },
+            )
+            buckets = [(str(float(b)), counts[f"le_{b}"]) for b in WAIT_BUCKETS] + [("+Inf", counts["total"])]
+            waited = counts["waited"]
+            seconds = waited.total_seconds() if isinstance(waited, timedelta) else float(waited or 0) / 1e6
+            family.add_metric([kind], buckets, max(0.0, seconds))
+        return family
+
+
+_COUNTED = (
+    Event.JOB_ADMIT,
+    Event.INSTANCE_ADMIT,
+    Event.JOB_SUBMIT,
+    Event.INSTANCE_LAUNCH,
+    Event.NOTEBOOK_LAUNCH,
+    Event.JOB_FAILED,
+    Event.INSTANCE_FAIL,
+    Event.NOTEBOOK_FAIL,
+)
+_COUNTERS = (
+    (
+        "gpuportal_admissions",
+        "Workloads admitted by the scheduler.",
+        ["kind"],
+        ((["job"], Event.JOB_ADMIT), (["instance"], Event.INSTANCE_ADMIT)),
+    ),
+    (
+        "gpuportal_submissions",
+        "Workloads submitted or launched.",
+        ["kind"],
+        ((["job"], Event.JOB_SUBMIT), (["instance"], Event.INSTANCE_LAUNCH), (["notebook"], Event.NOTEBOOK_LAUNCH)),
+    ),
+    (
+        "gpuportal_workload_failures",
+        "Workloads that failed (their backend, their start or their own code).",
+        ["kind"],
+        ((["job"], Event.JOB_FAILED), (["instance"], Event.INSTANCE_FAIL), (["notebook"], Event.NOTEBOOK_FAIL)),
+    ),
+)
+
+
+def registry() -> CollectorRegistry:
+    """A registry of the portal's metrics alone (no process metrics of whichever web worker answers)."""
+    made = CollectorRegistry(auto_describe=False)
+    made.register(PortalCollector())
+    return made
