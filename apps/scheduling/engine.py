@@ -25,8 +25,9 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import cast
 
 from apps.scheduling.estimates import StartEstimates
@@ -63,28 +64,45 @@ class _Running:
     units: int
 
 
+Item = tuple[int, int, str, int]  # (-priority, seq, key, the number of its shape in its queue)
+
+
 @dataclass
 class _Queue:
     """One workspace's pending workloads, in (priority, submission) order."""
 
-    items: list[tuple[int, int, str]] = field(default_factory=list)  # (-priority, seq, key)
+    items: list[Item] = field(default_factory=list)
     shapes: Counter[Shape] = field(default_factory=Counter)  # how many of each shape it holds
+    # Each shape the queue has held, numbered in the order first seen (kept: a few per queue), so
+    # that its items say their shape without a lookup of the workload.
+    numbers: dict[Shape, int] = field(default_factory=dict)
     gangs_since: list[float] = field(default_factory=list)  # the gangs' submission times, in order
+    eligible: list[float] = field(default_factory=list)  # every workload's eligible_at, in order
 
     def add(self, workload: Workload) -> None:
-        insort(self.items, (-workload.priority, workload.seq, workload.key))
-        self.shapes[shape_of(workload)] += 1
+        shape = shape_of(workload)
+        number = self.numbers.get(shape)
+        if number is None:
+            number = self.numbers[shape] = len(self.numbers)
+        insort(self.items, (-workload.priority, workload.seq, workload.key, number))
+        self.shapes[shape] += 1
+        insort(self.eligible, workload.eligible_at)
         if is_gang(workload):
             insort(self.gangs_since, workload.submitted_at)
 
     def remove(self, workload: Workload) -> None:
-        self.items.remove((-workload.priority, workload.seq, workload.key))
         shape = shape_of(workload)
+        self.items.remove((-workload.priority, workload.seq, workload.key, self.numbers[shape]))
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
             del self.shapes[shape]
+        del self.eligible[bisect_left(self.eligible, workload.eligible_at)]
         if is_gang(workload):
             del self.gangs_since[bisect_left(self.gangs_since, workload.submitted_at)]
+
+    def waiting_out_backoff(self, now: float) -> bool:
+        """Whether any of its workloads is still requeued with backoff at `now` (eligible later)."""
+        return bool(self.eligible) and self.eligible[-1] > now
 
 
 Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousandths per replica, replicas
@@ -92,6 +110,10 @@ Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousan
 
 def shape_of(workload: Workload) -> Shape:
     return (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)
+
+
+_item_key: Callable[[Item], str] = itemgetter(2)
+_item_shape: Callable[[Item], int] = itemgetter(3)
 
 
 def is_gang(workload: Workload) -> bool:
@@ -416,7 +438,7 @@ class Engine:
 
     def _fifo_pass(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
         for name in sorted(self.queues):
-            for _, _, key in list(self.queues[name].items):
+            for _, _, key, _ in list(self.queues[name].items):
                 workload = self.pending[key]
                 if workload.eligible_at > now:
                     reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
@@ -509,7 +531,8 @@ class Engine:
                                 len(items) - cursor[name], slice_ - refused[name], self.policy.max_scan - scanned
                             )
                             if not quick:
-                                self._refuse_all(items[cursor[name] : cursor[name] + left], now, decisions, reasons)
+                                queue = self.queues[name]
+                                self._refuse_all(queue, cursor[name], cursor[name] + left, now, decisions, reasons)
                             scanned += left
                             refused[name] += left
                             cursor[name] += left
@@ -532,24 +555,35 @@ class Engine:
         self.fits_something[name] = known
         return False
 
-    def _refuse_all(self, items: list[tuple[int, int, str]], now: float, decisions: Decisions,
+    def _refuse_all(self, queue: _Queue, start: int, stop: int, now: float, decisions: Decisions,
                     reasons: dict[str, str]) -> None:  # fmt: skip
-        """The reasons of workloads `_nothing_fits` says are refused, as each would be given alone: the
-        same for the same shape, as nothing changes while they are refused."""
-        said: dict[Shape, str] = {}
+        """The reasons of the workloads in `queue.items[start:stop]`, which `_nothing_fits` says are
+        refused, as each would be given alone: the same for the same shape, as nothing changes while
+        they are refused. The first of each shape is asked, in the order they come."""
+        items = queue.items[start:stop]
         pending = self.pending
-        for _, _, key in items:
-            workload = pending[key]
-            if workload.eligible_at > now:
-                reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
-                continue
-            shape = (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)  # shape_of
-            reason = said.get(shape)
-            if reason is None:
-                kind, reason = self._try_admit(workload, decisions)
-                assert kind, "a workload _nothing_fits refuses must not be admitted"
-                said[shape] = reason
-            reasons[key] = reason
+        said: dict[int, str] = {}  # per shape number
+        if queue.waiting_out_backoff(now):  # some are not eligible yet: one by one
+            for _, _, key, number in items:
+                workload = pending[key]
+                if workload.eligible_at > now:
+                    reasons[key] = f"requeued with backoff: eligible again in {workload.eligible_at - now:.0f} s"
+                    continue
+                reason = said.get(number)
+                if reason is None:
+                    said[number] = reason = self._refusal(workload, decisions)
+                reasons[key] = reason
+            return
+        numbers = list(map(_item_shape, items))
+        for number in dict.fromkeys(numbers):  # each shape, in the order first met
+            first = items[numbers.index(number)]
+            said[number] = self._refusal(pending[first[2]], decisions)
+        reasons.update(zip(map(_item_key, items), map(said.__getitem__, numbers), strict=True))
+
+    def _refusal(self, workload: Workload, decisions: Decisions) -> str:
+        kind, reason = self._try_admit(workload, decisions)
+        assert kind, "a workload _nothing_fits refuses must not be admitted"
+        return reason
 
     def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool) -> bool:
         queue = self.queues[name]
@@ -662,7 +696,7 @@ class Engine:
     def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
         """Reason, positions and estimated start for every workload still pending."""
         order = self._line()
-        estimates = StartEstimates(self).estimate(now, order)
+        starts = StartEstimates(self).starts(now, order)
         keys = [workload.key for workload in order]
         said = list(map(reasons.get, keys))
         for ahead, reason in enumerate(said):
@@ -673,7 +707,7 @@ class Engine:
         for workload in order:
             position = seen[workload.workspace] = seen.get(workload.workspace, 0) + 1
             positions.append(position)
-        decisions.pending = PendingList(keys, cast(list[str], said), positions, list(map(estimates.get, keys)))
+        decisions.pending = PendingList(keys, cast(list[str], said), positions, starts)
 
     def _line(self) -> list[Workload]:
         """The pending workloads in the cluster's queue order: priority, then submission."""

@@ -107,14 +107,21 @@ class StartEstimates:
         an estimate, and so every one after it in the same count. Neither placement nor preemption is
         modelled: a gang may start later than its estimate, reclaimed quota earlier.
         """
+        starts = self.starts(now, order)
+        return {workload.key: start for workload, start in zip(order, starts, strict=True) if start is not None}
+
+    def starts(self, now: float, order: list[Workload]) -> list[float | None]:
+        """`estimate`'s figures as a list in the order of `order`: None where it gives none."""
         state: dict[Scope, _Count] = {}
         groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]] = {}  # per (workspace, type)
         self._running_ends(now, state, groups)
-        estimates: dict[str, float] = {}
-        heappop, heappush, runtime = heapq.heappop, heapq.heappush, self._runtime
+        starts: list[float | None] = []
+        known = starts.append
+        heappop, heappush, inf = heapq.heappop, heapq.heappush, math.inf
         for workload in order:
             need = workload.units
             if not need:
+                known(None)
                 continue
             group = groups.get((workload.workspace, workload.gpu_type))
             waits_on, takes_from = group or self._group(workload.workspace, workload.gpu_type, now, state, groups)
@@ -133,15 +140,21 @@ class StartEstimates:
                 if count.clock > start:
                     start = count.clock
             if short:
-                continue  # more than could ever be free at once: no estimate
+                known(None)  # more than could ever be free at once: no estimate
+                continue
             if start <= now:
                 # The counts have room now, yet it did not start: what they leave out (placement, a
                 # node held, the cluster it asked for) holds it until at least the next end of its type.
                 events = waits_on[0].ends
-                start = events[0] if events else math.inf
+                start = events[0] if events else inf
                 for count in waits_on:
                     count.clock = max(count.clock, start)
-            end = start + runtime(workload)
+            # start + _runtime(workload), worked out in place
+            expected, limit = workload.expected_runtime_s, workload.max_runtime_s
+            if expected is None:
+                end = start + (inf if limit is None else limit)
+            else:
+                end = start + (expected if limit is None or not limit < expected else limit)
             for count in takes_from:
                 count.room -= need
                 at = count.at
@@ -150,9 +163,8 @@ class StartEstimates:
                 else:
                     at[end] = need
                     heappush(count.ends, end)
-            if start < math.inf:
-                estimates[workload.key] = start
-        return estimates
+            known(start if start < inf else None)
+        return starts
 
     def _running_ends(
         self, now: float, state: dict[Scope, _Count], groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]]

@@ -139,3 +139,19 @@ def test_a_workspace_that_cannot_borrow_waits_for_its_own_quota() -> None:
     engine.clock = NOW
 
     assert StartEstimates(engine).estimate(NOW, engine._line()) == {"job:1": NOW + 90}
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(st.integers(0, 2**32), st.sampled_from(["portal", "portal", "fifo", "shared"]))
+def test_the_engine_estimates_what_an_explained_cycle_says(seed: int, policy: str) -> None:
+    """`Engine.estimates` after a cycle without explanations gives the estimates an explained cycle
+    gives, for all the line or down to the last workload asked about."""
+    explained, quick = random_engine(seed, policy), random_engine(seed, policy)
+    pending = list(explained.cycle(NOW, explain=True).pending)
+    quick.cycle(NOW, explain=False)
+    said = {p.key: p.estimated_start for p in pending if p.estimated_start is not None}
+
+    assert quick.estimates(NOW) == said
+    asked = [p.key for p in pending[::3]]
+    down_to = {p.key for p in pending[: max((i for i, p in enumerate(pending) if p.key in asked), default=-1) + 1]}
+    assert quick.estimates(NOW, asked) == {key: start for key, start in said.items() if key in down_to}

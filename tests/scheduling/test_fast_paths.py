@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import random
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
-from apps.scheduling.engine import Engine
+from apps.scheduling.engine import Engine, _Queue
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import UNIT, Device, NodeInfo, Policy, Quota, Workload, WorkspaceInfo
@@ -28,11 +29,14 @@ def _cluster() -> tuple[tuple[WorkspaceInfo, ...], tuple[NodeInfo, ...]]:
     return workspaces, nodes
 
 
-def _stream(seed: int, count: int, start: int, now: float) -> list[Workload]:
+def _stream(seed: int, count: int, start: int, now: float, backoff: bool = False) -> list[Workload]:
+    """Workloads of the SHAPES; with `backoff`, about one in five requeued with backoff, eligible one
+    to five cycles later."""
     rng = random.Random(seed * 100_003 + start)
     out = []
     for seq in range(start, start + count):
         gpus, replicas = rng.choice(SHAPES)
+        eligible_at = now + rng.choice((0.0, 0.0, 0.0, 0.0, 90.0, 300.0)) if backoff else 0.0
         out.append(
             Workload(
                 f"job:{seq}",
@@ -43,6 +47,7 @@ def _stream(seed: int, count: int, start: int, now: float) -> list[Workload]:
                 priority=1 if rng.random() < 0.1 else 0,
                 seq=seq,
                 submitted_at=now,
+                eligible_at=eligible_at,
             )  # fmt: skip
         )
     return out
@@ -52,20 +57,35 @@ Explained = list[tuple[str, str, int, int, float | None]]
 
 
 def _run(
-    seed: int, explain: bool, calls: list[bool], shortcuts: bool = True
+    seed: int,
+    explain: bool,
+    calls: list[bool],
+    shortcuts: bool = True,
+    backoff: bool = False,
+    refused: list[bool] | None = None,
 ) -> tuple[list[tuple[list[str], list[str]]], list[Explained]]:
+    """Twelve cycles on a crowded cluster. `calls` gets `_nothing_fits`'s answers; `refused`, for each
+    queue refused at once, whether some of its work was still in its backoff. With `backoff`, some of
+    the work submitted before the fourth cycle is requeued with backoff."""
     workspaces, nodes = _cluster()
     engine = Engine(workspaces, nodes, Policy(min_runtime_s=120.0, starvation_s=10_000.0))
     engine.shortcuts = engine.ledger.remember = shortcuts
     original = engine._nothing_fits
+    refuse_all = engine._refuse_all
 
     def spy(*args: object) -> bool:
         answer = original(*args)  # type: ignore[arg-type]
         calls.append(answer)
         return answer
 
+    def spy_refusals(queue: _Queue, start: int, stop: int, now: float, *rest: Any) -> None:
+        if refused is not None:
+            refused.append(queue.waiting_out_backoff(now))
+        refuse_all(queue, start, stop, now, *rest)
+
     engine._nothing_fits = spy  # type: ignore[method-assign]
-    for workload in _stream(seed, 600, 0, 0.0):
+    engine._refuse_all = spy_refusals  # type: ignore[method-assign]
+    for workload in _stream(seed, 600, 0, 0.0, backoff):
         engine.submit(workload)
     seq, history, explained = 600, [], []
     for step in range(12):
@@ -75,7 +95,7 @@ def _run(
         decisions = engine.cycle(now, explain=explain)
         history.append(([a.key for a in decisions.admitted], [p.key for p in decisions.preempted]))
         explained.append([tuple(p) for p in decisions.pending])
-        for workload in _stream(seed, 40, seq, now):
+        for workload in _stream(seed, 40, seq, now, backoff and step < 3):
             engine.submit(workload)
         seq += 40
     return history, explained
@@ -102,6 +122,38 @@ def test_explained_cycles_with_shortcuts_say_what_the_plain_pass_says(seed: int)
     assert fast_explained == plain_explained
     assert any(calls), "the shortcut was never taken: the test checks nothing"
     assert sum(len(cycle) for cycle in fast_explained) > 1000
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_queues_refused_at_once_with_work_in_backoff_say_what_the_plain_pass_says(seed: int) -> None:
+    """A queue refused at once gives work still in its backoff that reason, the rest their refusal's,
+    and a queue whose backoffs have all passed (or left it) takes the quicker way, with the same result."""
+    refused: list[bool] = []
+    fast, fast_explained = _run(seed, explain=True, calls=[], backoff=True, refused=refused)
+    plain, plain_explained = _run(seed, explain=True, calls=[], shortcuts=False, backoff=True)
+
+    assert fast == plain
+    assert fast_explained == plain_explained
+    assert True in refused and False in refused, "both ways of refusing at once must be taken"
+    assert any(reason.startswith("requeued with backoff") for cycle in fast_explained for _, reason, *_ in cycle)
+
+
+def test_a_queue_knows_when_its_last_backoff_ends_as_work_comes_and_goes() -> None:
+    workspaces, nodes = _cluster()
+    engine = Engine(workspaces, nodes, Policy())
+    late, early = (
+        Workload(f"job:{n}", "w0", "h100", Decimal(1), seq=n, eligible_at=at) for n, at in ((1, 300.0), (2, 90.0))
+    )
+    engine.submit(late)
+    engine.submit(early)
+    queue = engine.queues["w0"]
+    assert queue.waiting_out_backoff(100.0) and queue.waiting_out_backoff(200.0)
+
+    engine.withdraw(late.key)
+    assert queue.waiting_out_backoff(60.0) and not queue.waiting_out_backoff(100.0)
+
+    engine.cycle(100.0)  # admitted: its queue is empty
+    assert not queue.items and not queue.waiting_out_backoff(0.0)
 
 
 def test_devices_given_back_leave_no_trace_on_where_work_goes() -> None:
