@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from django_filters import BooleanFilter, DateTimeFilter
+from django_filters import BooleanFilter, ChoiceFilter, DateTimeFilter
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
@@ -61,6 +61,7 @@ class KnownParameters(BaseFilterBackend):
         booleans = self._booleans(request, queryset, view)
         moments = self._moments(request, queryset, view)
         choices = self._choices_of_lists(request, queryset, view)
+        single_choices = self._single_choices(request, queryset, view)
         for name, values in request.query_params.lists():
             if len(values) > 1:
                 errors[name] = ["Give this parameter once (several values: name__in=a,b where the list has it)."]
@@ -70,6 +71,8 @@ class KnownParameters(BaseFilterBackend):
                 errors[name] = ["Expected true or false."]
             elif name in moments and not values[0]:  # django-filter would take "" for no filter
                 errors[name] = ["Give a date and time, such as 2026-11-25T09:00:00Z."]
+            elif name in single_choices and not values[0]:  # the same: a choice, or leave the parameter out
+                errors[name] = [f"Choose among: {', '.join(single_choices[name])}."]
             elif name in choices and values[0] and not set(values[0].split(",")) <= choices[name]:  # "": no filter
                 wrong = sorted(set(values[0].split(",")) - choices[name])
                 errors[name] = [f"Not a choice: {', '.join(wrong)}. Choose among: {', '.join(sorted(choices[name]))}."]
@@ -94,6 +97,15 @@ class KnownParameters(BaseFilterBackend):
     @classmethod
     def _moments(cls, request: Request, queryset: QuerySet[Any], view: Any) -> set[str]:
         return {n for n, f in cls._filters(queryset, view).items() if isinstance(f, DateTimeFilter)}
+
+    @classmethod
+    def _single_choices(cls, request: Request, queryset: QuerySet[Any], view: Any) -> dict[str, list[str]]:
+        """Parameters that take one of a field's choices: what each may be."""
+        return {
+            name: [str(value) for value, _ in filter_.extra["choices"]]
+            for name, filter_ in cls._filters(queryset, view).items()
+            if isinstance(filter_, ChoiceFilter) and isinstance(filter_.extra.get("choices"), (list, tuple))
+        }
 
     @classmethod
     def _choices_of_lists(cls, request: Request, queryset: QuerySet[Any], view: Any) -> dict[str, set[str]]:

@@ -51,3 +51,16 @@ def test_each_value_of_a_list_of_states_is_checked(world: World, path: str) -> N
     assert refused.status_code == 400
     assert "Not a choice: BOGUS" in refused.json()["error"]["fields"]["state__in"][0]
     assert client.get(path, {"state__in": ""}).status_code == 200  # no filter
+
+
+@pytest.mark.parametrize(
+    ("path", "name"), [("/api/v1/workspaces/", "kind"), ("/api/v1/jobs/", "state"), ("/api/v1/instances/", "state")]
+)
+def test_an_empty_choice_is_refused_not_taken_for_no_filter(world: World, path: str, name: str) -> None:
+    """`kind=` answered every workspace, as if the parameter were not there: a client that meant a
+    kind and sent none is told so."""
+    client = world.client(world.alice)
+    refused = client.get(path, {name: ""})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["fields"][name][0].startswith("Choose among: ")
+    assert client.get(path).status_code == 200
