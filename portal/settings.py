@@ -252,6 +252,10 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpu-portal@local
 # default keeps a generated one in its data directory.
 PORTAL_METRICS_TOKEN = env_secret("PORTAL_METRICS_TOKEN") or ("" if PRODUCTION else _embedded_secret("metrics_token"))
 PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
+# Idle notebooks and workloads past their maximum runtime (apps/compute/culling.py): how often the
+# scheduler loop looks, and how long before an idle stop the notebook's user is mailed.
+PORTAL_CULL_EVERY_S = env_int("PORTAL_CULL_EVERY_S", 30, minimum=1, maximum=3600)
+PORTAL_CULL_WARNING_S = env_int("PORTAL_CULL_WARNING_S", 600, minimum=0, maximum=86400)
 PORTAL_INVITATIONS_PER_USER_HOUR = env_int("PORTAL_INVITATIONS_PER_USER_HOUR", 20, minimum=1)
 PORTAL_INVITATIONS_PER_WORKSPACE_HOUR = env_int("PORTAL_INVITATIONS_PER_WORKSPACE_HOUR", 50, minimum=1)
 

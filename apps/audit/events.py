@@ -67,6 +67,7 @@ class Event(StrEnum):
     INSTANCE_RESTART = "instance.restart"
     INSTANCE_FAIL = "instance.fail"
     INSTANCE_DELETED = "instance.deleted"  # its processes are gone; INSTANCE_DELETE is the request
+    INSTANCE_CULL = "instance.cull"  # deleted by the portal: past its workspace's maximum runtime
 
     # Notebooks (apps/compute)
     NOTEBOOK_LAUNCH = "notebook.launch"
@@ -76,6 +77,9 @@ class Event(StrEnum):
     NOTEBOOK_READY = "notebook.ready"
     NOTEBOOK_FAIL = "notebook.fail"
     NOTEBOOK_STOPPED = "notebook.stopped"
+    NOTEBOOK_IDLE_WARNING = "notebook.idle_warning"  # its user told it will be stopped for being idle
+    NOTEBOOK_CULL = "notebook.cull"  # stopped by the portal: idle, or past its maximum runtime
+    NOTEBOOK_START = "notebook.start"  # a stopped notebook started again
 
     # Jobs (apps/jobs, apps/scheduling); a job's end is named by its state, in lowercase
     JOB_SUBMIT = "job.submit"

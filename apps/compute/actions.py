@@ -128,6 +128,14 @@ def check_launch_instance(
     return instance
 
 
+def do_cull_instance(instance: Instance, reason: str) -> Instance:
+    """The portal deletes an instance past its workspace's maximum runtime, saying why on its page."""
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(stop_reason=reason[:500])
+        do_log_event(Event.INSTANCE_CULL, instance, workspace=instance.workspace, data={"reason": reason})
+        return do_delete_instance(instance, acting_user=None)
+
+
 def do_delete_instance(instance: Instance, *, acting_user: Any, origin: Origin = SYSTEM) -> Instance:
     """Delete an instance and its notebooks, releasing its GPUs. Irreversible."""
     with transaction.atomic():
@@ -218,20 +226,35 @@ def _has_processes(row: Instance | Notebook) -> bool:
 
 
 def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> Notebook:
-    """Stop a notebook for good."""
+    """Stop a notebook (its files stay in the workspace); it can be started again."""
+    return _stop_notebook(notebook, Event.NOTEBOOK_DELETE, "", acting_user=acting_user, origin=origin)
+
+
+def do_cull_notebook(notebook: Notebook, reason: str) -> Notebook:
+    """The portal stops a notebook, saying why on its page ("culled: idle for 2 h 10 min")."""
+    return _stop_notebook(notebook, Event.NOTEBOOK_CULL, reason, acting_user=None, origin=SYSTEM)
+
+
+def _stop_notebook(notebook: Notebook, event: Event, reason: str, *, acting_user: Any, origin: Origin) -> Notebook:
     with transaction.atomic():
         notebook = Notebook.objects.select_for_update().get(pk=notebook.pk)
         if notebook.state in (Notebook.State.STOPPED, Notebook.State.STOPPING):
-            raise Conflict(f"Notebook {notebook.name} is already deleted.")
+            raise Conflict(f"Notebook {notebook.name} is already stopped.")
         if _has_processes(notebook):
             notebook.state = Notebook.State.STOPPING  # the worker removes its route and process
             request_workload("notebook", notebook.pk)
         else:
             notebook.state = Notebook.State.STOPPED
             notebook.stopped_at = timezone.now()
+        notebook.stop_reason = reason[:500]
         notebook.save()
         do_log_event(
-            Event.NOTEBOOK_DELETE, notebook, acting_user=acting_user, origin=origin, workspace=notebook.workspace
+            event,
+            notebook,
+            acting_user=acting_user,
+            origin=origin,
+            workspace=notebook.workspace,
+            data={"reason": reason} if reason else None,
         )
         notify(
             notebook.workspace_id,
@@ -239,6 +262,38 @@ def do_delete_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin =
             {"id": notebook.pk, "state": notebook.state},
             instance_id=notebook.instance_id,
         )
+    return notebook
+
+
+def do_start_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = SYSTEM) -> Notebook:
+    """Start a stopped notebook again, on its instance, at its own address: its files are where
+    they were. Within the workspace's max notebooks, and while no live notebook took its name."""
+    with transaction.atomic():
+        workspace = _lock(notebook.workspace)
+        notebook = Notebook.objects.select_for_update().select_related("instance").get(pk=notebook.pk)
+        if notebook.state != Notebook.State.STOPPED:
+            raise Conflict(
+                f"Notebook {notebook.name} is {notebook.get_state_display().lower()}: only a stopped one starts."
+            )
+        instance = notebook.instance
+        if instance.state not in (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING):
+            raise Conflict(f"Its instance {instance.name} is {instance.get_state_display().lower()}: launch a new one.")
+        live = Notebook.objects.filter(workspace=workspace, state__in=Notebook.LIVE_STATES)
+        if live.count() >= workspace.max_notebooks:
+            raise LimitExceeded(
+                f"Workspace {workspace.name} already has {workspace.max_notebooks} notebooks, its limit; "
+                "stop one before starting another."
+            )
+        if live.filter(name=notebook.name).exists():
+            raise Conflict(f"Another notebook named {notebook.name} runs in {workspace.name}.")
+        notebook.state = Notebook.State.PENDING
+        notebook.stop_reason = notebook.failure_reason = ""
+        notebook.started_at = notebook.stopped_at = notebook.idle_warned_at = None
+        notebook.save()
+        do_log_event(Event.NOTEBOOK_START, notebook, acting_user=acting_user, origin=origin, workspace=workspace)
+        notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state}, instance_id=instance.pk)
+        if instance.state == Instance.State.RUNNING:
+            request_workload("notebook", notebook.pk)
     return notebook
 
 

@@ -9,6 +9,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_
 from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from apps.api.fields import NameField, WorkspaceField
 from apps.api.negotiation import AnswerAsIs
@@ -96,14 +97,14 @@ class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "workspace", "name", "description", "profile", "size", "state", "failure_reason",
+            "id", "workspace", "name", "description", "profile", "size", "state", "failure_reason", "stop_reason",
             "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb", "wait_reason", "workspace_queue_position",
             "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster", "created_by", "launched_at",
             "admitted_at",
             "started_at", "finished_at", "running_for_s",
         ]  # fmt: skip
-        read_only_fields = ["state", "failure_reason", "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb",
-                            "admitted_at", "started_at", "finished_at"]  # fmt: skip
+        read_only_fields = ["state", "failure_reason", "stop_reason", "gpu_type", "gpus_per_replica", "cpu_cores",
+                            "memory_gb", "admitted_at", "started_at", "finished_at"]  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -181,10 +182,10 @@ class NotebookSerializer(StrictModelSerializer):
     class Meta:
         model = Notebook
         fields = [
-            "id", "workspace", "instance", "name", "description", "profile", "state", "failure_reason", "url",
-            "access_token", "created_at", "started_at", "stopped_at",
+            "id", "workspace", "instance", "name", "description", "profile", "state", "failure_reason", "stop_reason",
+            "url", "access_token", "created_at", "started_at", "stopped_at",
         ]  # fmt: skip
-        read_only_fields = ["state", "failure_reason", "url", "started_at", "stopped_at"]
+        read_only_fields = ["state", "failure_reason", "stop_reason", "url", "started_at", "stopped_at"]
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -238,6 +239,16 @@ class NotebookViewSet(TenantViewSet):
 
     def perform_destroy(self, instance: Notebook) -> None:
         actions.do_delete_notebook(instance, **self.action_kwargs())
+
+    @extend_schema(request=None, responses=NotebookSerializer)
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str | None = None) -> Response:
+        """Start a stopped notebook again (culled when idle, or stopped by someone): on its
+        instance, at its own address, its files where they were. 409 unless it is stopped."""
+        notebook = self.get_object()
+        self.require_on(notebook, USE)
+        started = actions.do_start_notebook(notebook, **self.action_kwargs())
+        return Response(self.get_serializer(started).data)
 
 
 class CollaboratorSerializer(StrictModelSerializer):

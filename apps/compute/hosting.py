@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from apps.accounts.tokens import workload_env
-from apps.compute import actions, proxy
+from apps.compute import actions, culling, proxy
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
 from apps.scheduling.trigger import request_environment_build, request_workload
@@ -208,13 +208,15 @@ class NotebookKind(Kind):
         row.save()  # still READY: the next reconcile starts it again
 
     def upkeep(self) -> dict[str, int]:
-        """The notebook proxy's routes follow the ready notebooks (see ``sync_routes``)."""
+        """The notebook proxy's routes follow the ready notebooks (see ``sync_routes``); idle
+        notebooks and workloads past their maximum runtime are stopped (apps/compute/culling.py)."""
+        counts = culling.upkeep()
         try:
             removed, added = sync_routes()
         except proxy.ProxyError:
             logger.warning("could not read the notebook proxy's routes", exc_info=True)
-            return {}
-        return {"routes_removed": removed, "routes_added": added}
+            return counts
+        return {**counts, "routes_removed": removed, "routes_added": added}
 
 
 INSTANCES = InstanceKind()

@@ -35,6 +35,8 @@ class Instance(Workload):
     profile = models.ForeignKey("catalog.ComputeProfile", on_delete=models.PROTECT, related_name="instances")
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
+    # Why the portal, not a person, ended it (its workspace's maximum runtime), for its page.
+    stop_reason = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -109,6 +111,10 @@ class Notebook(Hosted):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
     access_token = models.CharField(max_length=100, default=_new_access_token)
+    # Why the portal, not a person, stopped it ("culled: idle for 2 h 10 min"); cleared when started again.
+    stop_reason = models.CharField(max_length=500, blank=True)
+    # When its user was told it would be stopped for being idle; cleared once it is active again.
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
     # Where the notebook proxy sends its host's requests (the server's URL), once ready.
     proxy_target = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
 
 from apps.catalog.models import NotebookProfile
 from apps.compute import actions
@@ -42,8 +43,8 @@ def notebook_list(request: HttpRequest, ws: str) -> HttpResponse:
     workspace = workspace_for(request, ws)
     show = request.GET.get("show", "live")
     rows = Notebook.objects.filter(workspace=workspace).select_related("instance", "profile")
-    if show != "all":
-        rows = rows.filter(state__in=[*Notebook.LIVE_STATES, Notebook.State.FAILED])
+    if show != "all":  # what runs, what failed, and what the portal stopped (culled: it can start again)
+        rows = rows.filter(Q(state__in=[*Notebook.LIVE_STATES, Notebook.State.FAILED]) | ~Q(stop_reason=""))
     context = {
         "workspace": workspace,
         "page_obj": Paginator(rows, PER_PAGE).get_page(request.GET.get("page")),
@@ -149,3 +150,17 @@ def notebook_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
             return redirect("web:notebooks", ws=workspace.name)
     context = {"workspace": workspace, "notebook": notebook, "errors": errors}
     return page(request, "web/notebooks/delete.html", context, status=409 if errors else 200)
+
+
+@signed_in
+@require_POST
+def notebook_start(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    """Start a stopped notebook again: who may use it (a member, a read-write collaborator)."""
+    workspace, notebook = shared_for(request, ws, Notebook.objects.select_related("workspace"), pk, USE)
+    try:
+        actions.do_start_notebook(notebook, **action_kwargs(request))
+    except ActionError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Notebook {notebook.name} is starting again.")
+    return redirect("web:notebook", ws=workspace.name, pk=notebook.pk)

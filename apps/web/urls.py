@@ -33,6 +33,7 @@ urlpatterns = [
     path("w/<str:ws>/notebooks/<int:pk>/delete/", notebooks.notebook_delete, name="notebook-delete"),
     path("w/<str:ws>/jobs/", jobs.job_list, name="jobs"),
     path("w/<str:ws>/jobs/new/", jobs.job_new, name="job-new"),
+    path("w/<str:ws>/notebooks/<int:pk>/start/", notebooks.notebook_start, name="notebook-start"),
     path("w/<str:ws>/jobs/<int:pk>/", jobs.job_detail, name="job"),
     path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("w/<str:ws>/members/", members.members, name="members"),

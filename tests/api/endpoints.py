@@ -25,7 +25,7 @@ from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.catalog.actions import do_save_profile
 from apps.catalog.models import ComputeProfile, NotebookProfile
-from apps.compute.actions import check_launch_instance, check_launch_notebook
+from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_notebook
 from apps.compute.collaborators import do_set_collaborator
 from apps.compute.models import Collaborator, Instance, Notebook
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
@@ -153,6 +153,11 @@ def notebook(world: World, workspace: Workspace, name: str = "nb") -> Notebook:
         profile=world.minimal,
         acting_user=acting(world, workspace),
     )
+
+
+def stopped_notebook(world: World, workspace: Workspace) -> Notebook:
+    """A notebook stopped (as when culled), so that it can be started again."""
+    return do_delete_notebook(notebook(world, workspace), acting_user=acting(world, workspace))
 
 
 def job(world: World, workspace: Workspace, name: str = "train") -> Job:
@@ -338,7 +343,7 @@ ENDPOINTS = [
              delete_by="admin", more=more_profiles(NotebookProfile, image="quay.io/jupyter/base-notebook")),
     Endpoint("instances", instance, create=lambda w, ws: {"workspace": ws.name, "name": "box-2", "profile": "gpu-1"},
              patch={"description": "Tuning"}, delete=True, secret_reads=("kubeconfig",), more=more_instances),
-    Endpoint("notebooks", notebook,
+    Endpoint("notebooks", stopped_notebook, actions=("start",),
              create=lambda w, ws: {"instance": instance(w, ws, "host-2").pk, "name": "nb-2", "profile": "minimal"},
              patch={"description": "Plots"}, delete=True, more=more_notebooks),
     Endpoint("collaborators", collaborator, patch={"access": "write"}, delete=True, more=more_collaborators),
