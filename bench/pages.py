@@ -1,4 +1,4 @@
-"""Server time of the busiest pages with 1,000 jobs and 100 instances in the database.
+"""Server time of the busiest pages, and of /metrics, with 1,000 jobs and 100 instances in the database.
 
     DATABASE_URL=postgres://... .venv/bin/python bench/pages.py [--runs 200] [--json bench/out/pages.json]
 
@@ -42,7 +42,9 @@ PAGES = {
     "instances": "/w/team-a/instances/",
     "landing": "/",
     "admin console": "/console/",
+    "metrics": "/metrics",  # a scraper's, with the bearer token
 }
+METRICS_TOKEN = "bench-metrics-token"
 
 
 def fill(jobs: int, instances: int) -> None:
@@ -113,7 +115,11 @@ def main() -> int:
             **settings.STORAGES,
             "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
         }
-        with override_settings(STORAGES=plain, PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        with override_settings(
+            STORAGES=plain,
+            PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+            PORTAL_METRICS_TOKEN=METRICS_TOKEN,
+        ):
             began = time.perf_counter()
             fill(args.jobs, args.instances)
             print(f"filled {name} in {time.perf_counter() - began:.1f} s", flush=True)
@@ -121,8 +127,11 @@ def main() -> int:
 
             users = get_user_model().objects
             for label, url in PAGES.items():
-                client = Client()
-                client.force_login(users.get(username="admin" if url.startswith("/console") else "alice"))
+                if url == "/metrics":
+                    client = Client(headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+                else:
+                    client = Client()
+                    client.force_login(users.get(username="admin" if url.startswith("/console") else "alice"))
                 results[label] = measure(client, url, args.runs)
                 print(
                     f"{label:16} p50 {results[label]['p50_ms']:6.1f} ms   p95 {results[label]['p95_ms']:6.1f} ms",
