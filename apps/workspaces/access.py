@@ -94,15 +94,6 @@ def may(user: Any, obj: Model, role: str) -> bool:
     return restrict(type(obj)._default_manager.filter(pk=obj.pk), user, role).exists()
 
 
-def shared_workspace_ids(user: Any) -> QuerySet[Any]:
-    """A subquery of the ids of the workspaces that have an instance shared with `user`."""
-    from apps.compute.models import Collaborator  # the compute app builds on this one
-
-    if not getattr(user, "is_authenticated", False) or _scope(user) is not None:
-        return Collaborator.objects.none().values("instance__workspace_id")
-    return Collaborator.objects.filter(user=user).values("instance__workspace_id")
-
-
 def role_in(user: Any, workspace: Workspace) -> str | None:
     """The user's strongest role in the workspace, or None."""
     return roles_in(user, [workspace.pk])[workspace.pk]
