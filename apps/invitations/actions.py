@@ -177,14 +177,13 @@ def do_invite(
             expires_at=timezone.now() + timedelta(days=settings.PORTAL_INVITATION_DAYS),
             times_sent=1,
         )
-        data = {"email": email, "role": role} if instance is None else {"email": email, "instance": instance.name}
         do_log_event(
             Event.INVITATION_CREATE,
             invitation,
             acting_user=acting_user,
             origin=origin,
             workspace=workspace,
-            data=data if instance is None else {**data, "access": access},
+            data=_what(invitation),
         )
     _send(invitation, secret, base_url)
     return invitation
@@ -290,8 +289,13 @@ def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
             acting_user=user,
             origin=origin,
             workspace=workspace,
-            data={"email": invitation.email, "role": invitation.role}
-            if invitation.instance_id is None
-            else {"email": invitation.email, "instance": invitation.instance.name, "access": invitation.access},
+            data=_what(invitation),
         )
     return invitation
+
+
+def _what(invitation: Invitation) -> dict[str, str]:
+    """What the audit log keeps of an invitation: the address, and the role or the instance's access."""
+    if invitation.instance is None:
+        return {"email": invitation.email, "role": invitation.role}
+    return {"email": invitation.email, "instance": invitation.instance.name, "access": invitation.access}
