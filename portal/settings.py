@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "apps.workspaces",
     "apps.invitations",
     "apps.monitoring",
+    "apps.telemetry",
     "apps.catalog",
     "apps.inventory",
     "apps.compute",
@@ -252,6 +253,8 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpu-portal@local
 # default keeps a generated one in its data directory.
 PORTAL_METRICS_TOKEN = env_secret("PORTAL_METRICS_TOKEN") or ("" if PRODUCTION else _embedded_secret("metrics_token"))
 PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
+# How often the scheduler loop reads the GPUs' telemetry (apps/telemetry), where a source exists.
+PORTAL_TELEMETRY_EVERY_S = env_int("PORTAL_TELEMETRY_EVERY_S", 10, minimum=1, maximum=3600)
 # Idle notebooks and workloads past their maximum runtime (apps/compute/culling.py): how often the
 # scheduler loop looks, and how long before an idle stop the notebook's user is mailed.
 PORTAL_CULL_EVERY_S = env_int("PORTAL_CULL_EVERY_S", 30, minimum=1, maximum=3600)

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster
 from apps.jobs.models import Job
+from apps.telemetry.record import latest
 from apps.web.common import admin_only, is_fragment, page
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, quota_use
 from apps.workspaces.models import Workspace
@@ -114,9 +115,9 @@ def inventory(request: HttpRequest) -> HttpResponse:
     clusters = Cluster.objects.annotate(
         nodes=Count("pools__nodes", distinct=True), devices=Count("pools__nodes__gpus", distinct=True)
     ).order_by("name")
-    context = {
-        "clusters": clusters,
-        "page_obj": Paginator(gpus, 200).get_page(request.GET.get("page")),
-        "live_workspaces": [],
-    }
+    page_obj = Paginator(gpus, 200).get_page(request.GET.get("page"))
+    measured = latest(list(page_obj))
+    for gpu in page_obj:
+        gpu.measured = measured.get(gpu.pk)  # type: ignore[attr-defined]
+    context = {"clusters": clusters, "page_obj": page_obj, "live_workspaces": []}
     return page(request, "console/inventory.html", context)

@@ -27,6 +27,8 @@ from apps.compute.models import Instance, Notebook
 from apps.inventory.models import GPU, Allocation, Node
 from apps.jobs.models import Job
 from apps.monitoring.models import SchedulerStats
+from apps.telemetry.models import GpuSample
+from apps.telemetry.record import FRESH_S, RAW
 from apps.workspaces.models import GPUQuota
 
 # How long workloads waited from submission to their start, in seconds: the histogram's buckets.
@@ -49,6 +51,7 @@ class PortalCollector(Collector):
         now = timezone.now()
         yield from self._queue(now)
         yield from self._capacity()
+        yield from self._measured(now)
         yield from self._workloads()
         yield from self._scheduler()
         yield self._waits()
@@ -122,6 +125,43 @@ class PortalCollector(Collector):
             ["cluster", "state"],
             Node.objects.values_list("pool__cluster__name", "state").annotate(n=Count("pk")).order_by(),
         )
+
+    def _measured(self, now: Any) -> Iterator[Metric]:
+        """GPU utilisation as measured (apps/telemetry), from each device's fresh sample: none
+        where there is no telemetry, rather than zeros."""
+        fresh = GpuSample.objects.filter(resolution_s=RAW, at__gte=now - timedelta(seconds=FRESH_S))
+        newest = fresh.order_by("gpu_id", "-at").values_list(
+            "gpu_id", "gpu__node__pool__cluster__name", "gpu__gpu_type", "workspace__name", "utilisation"
+        )
+        seen: set[int] = set()
+        by_type: dict[tuple[str, str], list[float]] = {}
+        by_workspace: dict[tuple[str, str], list[float]] = {}
+        for gpu_id, cluster, gpu_type, workspace, utilisation in newest:
+            if gpu_id in seen:
+                continue
+            seen.add(gpu_id)
+            by_type.setdefault((cluster, gpu_type), []).append(utilisation / 100)
+            if workspace:
+                by_workspace.setdefault((workspace, gpu_type), []).append(utilisation / 100)
+        measured = GaugeMetricFamily(
+            "gpuportal_gpus_measured", "GPUs with a fresh telemetry sample.", labels=["cluster", "gpu_type"]
+        )
+        ratio = GaugeMetricFamily(
+            "gpuportal_gpu_utilisation_ratio",
+            "Mean measured utilisation of the GPUs with telemetry (0 to 1).",
+            labels=["cluster", "gpu_type"],
+        )
+        for key, values in sorted(by_type.items()):
+            measured.add_metric(list(key), len(values))
+            ratio.add_metric(list(key), sum(values) / len(values))
+        held = GaugeMetricFamily(
+            "gpuportal_workspace_gpu_utilisation_ratio",
+            "Mean measured utilisation of the GPUs each workspace holds (0 to 1), where measured.",
+            labels=["workspace", "gpu_type"],
+        )
+        for key, values in sorted(by_workspace.items()):
+            held.add_metric(list(key), sum(values) / len(values))
+        yield from (measured, ratio, held)
 
     def _workloads(self) -> Iterator[Metric]:
         states = GaugeMetricFamily("gpuportal_workloads", "Workloads, by kind and state.", labels=["kind", "state"])

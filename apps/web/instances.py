@@ -12,6 +12,7 @@ from django.core.paginator import Paginator
 from django.core.validators import validate_email
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.catalog.models import ComputeProfile
@@ -38,6 +39,7 @@ from apps.web.common import (
     validated,
     workspace_for,
 )
+from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE, USE, may
 from apps.workspaces.models import Workspace
 
@@ -173,6 +175,9 @@ def _detail_context(request: HttpRequest, workspace: Workspace, instance: Instan
     }
     if not member:  # a collaborator's page hears this instance alone
         context["live_workspaces"] = [f"instance:{instance.pk}"]
+    if instance.gpus_per_replica:
+        url = reverse("web:instance-gpu", kwargs={"ws": workspace.name, "pk": instance.pk})
+        context.update(gpu_panel(instance=instance, url=url))
     return context
 
 

@@ -9,6 +9,7 @@ from django.core.paginator import Paginator
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.errors import ActionError
@@ -29,6 +30,7 @@ from apps.web.common import (
     validated,
     workspace_for,
 )
+from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -174,6 +176,8 @@ def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
         "env": sorted(job.env.items()),
     }
     context["fragment"] = is_fragment(request)
+    if not context["fragment"] and job.gpus_per_replica:
+        context.update(gpu_panel(job=job, url=reverse("web:job-gpu", kwargs={"ws": workspace.name, "pk": job.pk})))
     template = "web/jobs/_status.html" if context["fragment"] else "web/jobs/detail.html"
     return page(request, template, context)
 

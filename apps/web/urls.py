@@ -1,6 +1,19 @@
 from django.urls import path
 
-from apps.web import cli_login, dashboard, home, instances, invitations, jobs, members, notebooks, signin, sso, tokens
+from apps.web import (
+    cli_login,
+    dashboard,
+    home,
+    instances,
+    invitations,
+    jobs,
+    members,
+    notebooks,
+    signin,
+    sso,
+    telemetry,
+    tokens,
+)
 
 app_name = "web"
 
@@ -19,6 +32,7 @@ urlpatterns = [
     path("w/<str:ws>/instances/", instances.instance_list, name="instances"),
     path("w/<str:ws>/instances/new/", instances.instance_new, name="instance-new"),
     path("w/<str:ws>/instances/<int:pk>/", instances.instance_detail, name="instance"),
+    path("w/<str:ws>/instances/<int:pk>/gpu.json", telemetry.instance_gpu, name="instance-gpu"),
     path("w/<str:ws>/instances/<int:pk>/describe/", instances.instance_describe, name="instance-describe"),
     path("w/<str:ws>/instances/<int:pk>/delete/", instances.instance_delete, name="instance-delete"),
     path("w/<str:ws>/instances/<int:pk>/kubeconfig/", instances.instance_kubeconfig, name="instance-kubeconfig"),
@@ -35,6 +49,7 @@ urlpatterns = [
     path("w/<str:ws>/jobs/new/", jobs.job_new, name="job-new"),
     path("w/<str:ws>/notebooks/<int:pk>/start/", notebooks.notebook_start, name="notebook-start"),
     path("w/<str:ws>/jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("w/<str:ws>/jobs/<int:pk>/gpu.json", telemetry.job_gpu, name="job-gpu"),
     path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("w/<str:ws>/members/", members.members, name="members"),
 ]

@@ -160,10 +160,14 @@
       const data = await response.json();
       const labels = data.labels.map((l) => new Date(l).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
       const datasets = [];
+      // The GPUs held by type (the dashboard), or a measure per device ("suffix", "y_title",
+      // "y_max": a workload's GPU utilisation, where a bucket without a sample is null).
+      const suffix = data.suffix === undefined ? " in use" : data.suffix;
+      const present = (values) => values.filter((v) => v !== null);
       Object.entries(data.series).forEach(([type, values], i) => {
         const color = PALETTE[i % PALETTE.length];
-        datasets.push({ label: `${type} in use`, data: values, borderColor: color, backgroundColor: color + "22",
-          fill: true, stepped: false, tension: 0.25, pointRadius: 0, borderWidth: 2 });
+        datasets.push({ label: `${type}${suffix}`, data: values, borderColor: color, backgroundColor: color + "22",
+          fill: true, stepped: false, tension: 0.25, pointRadius: 0, borderWidth: 2, spanGaps: false });
         if (data.limits && type in data.limits) {
           datasets.push({ label: `${type} ${data.limit_label}`, data: values.map(() => data.limits[type]),
             borderColor: color, borderDash: [6, 4], pointRadius: 0, borderWidth: 1.5, fill: false });
@@ -174,8 +178,9 @@
         Object.entries(data.series).forEach(([type, values]) => {
           const row = table.insertRow();
           row.insertCell().textContent = type;
-          row.insertCell().textContent = values[values.length - 1].toFixed(2);
-          row.insertCell().textContent = Math.max(0, ...values).toFixed(2);
+          const known = present(values);
+          row.insertCell().textContent = known.length ? known[known.length - 1].toFixed(data.digits ?? 2) : "—";
+          row.insertCell().textContent = known.length ? Math.max(0, ...known).toFixed(data.digits ?? 2) : "—";
           row.insertCell().textContent = data.limits && type in data.limits ? String(data.limits[type]) : "—";
         });
       }
@@ -187,7 +192,8 @@
           data: { labels: labels, datasets: datasets },
           options: { responsive: true, maintainAspectRatio: false, animation: { duration: 300 },
             interaction: { mode: "index", intersect: false },
-            scales: { y: { beginAtZero: true, title: { display: true, text: "GPUs" } }, x: { ticks: { maxTicksLimit: 8 } } },
+            scales: { y: { beginAtZero: true, max: data.y_max, title: { display: true, text: data.y_title || "GPUs" } },
+              x: { ticks: { maxTicksLimit: 8 } } },
             plugins: { legend: { position: "bottom" } } },
         });
       } else {

@@ -10,6 +10,7 @@ from django.db import close_old_connections
 
 from apps.monitoring.cycles import timed_cycle
 from apps.scheduling.adapter import requeue_unready_gangs
+from apps.telemetry import record as telemetry
 from apps.workloads.host import SWEEP_EVERY_S, reconcile
 from apps.workspaces.live import HEARTBEAT_S, heartbeat
 
@@ -19,7 +20,8 @@ logger = logging.getLogger(__name__)
 class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
-        "their backends, requeue gangs not ready in time, and run a scheduling cycle; and every 5 seconds "
+        "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, and run a "
+        "scheduling cycle; and every 5 seconds "
         "send open pages the live-update heartbeat that tells them updates reach them."
     )
 
@@ -44,6 +46,7 @@ class Command(BaseCommand):
                 if sweep:
                     last_sweep = time.monotonic()
                 requeue_unready_gangs()
+                telemetry.upkeep()
                 result = timed_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")

@@ -1,0 +1,242 @@
+"""GPU telemetry: the sources (NVML on this machine, a DCGM exporter over HTTP), what is stored and
+folded, and where it shows (a workload's page, the console's inventory, /metrics); "no telemetry"
+where there is no source, never zeros."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
+from apps.jobs.actions import check_submit_job
+from apps.telemetry.collectors import DcgmCollector, NoTelemetry, NvmlCollector, collector_for
+from apps.telemetry.models import GpuSample
+from apps.telemetry.record import fold, latest, sample
+from tests.personas import World
+
+# What a DCGM exporter (dcgm-exporter's default counters) serves for two GPUs of one node.
+DCGM_TEXT = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="gpu-node-1"} 87
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bbbb",device="nvidia1",modelName="NVIDIA H100",Hostname="gpu-node-1"} 3
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-aaaa",device="nvidia0",Hostname="gpu-node-1"} 61440
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-bbbb",device="nvidia1",Hostname="gpu-node-1"} 512
+# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-aaaa",device="nvidia0",Hostname="gpu-node-1"} 20480
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-bbbb",device="nvidia1",Hostname="gpu-node-1"} 81408
+# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
+# TYPE DCGM_FI_DEV_GPU_TEMP gauge
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-aaaa",device="nvidia0",Hostname="gpu-node-1"} 64
+DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-bbbb",device="nvidia1",Hostname="gpu-node-1"} 31
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aaaa",device="nvidia0",Hostname="gpu-node-1"} 512.25
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bbbb",device="nvidia1",Hostname="gpu-node-1"} 71.5
+# HELP DCGM_FI_DEV_SM_CLOCK SM frequency (in MHz).
+# TYPE DCGM_FI_DEV_SM_CLOCK gauge
+DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-aaaa",device="nvidia0",Hostname="gpu-node-1"} 1980
+"""
+
+
+class Exporter:
+    """A DCGM exporter's /metrics on loopback: serves `text`, or fails while `down`."""
+
+    def __init__(self) -> None:
+        self.text, self.down = DCGM_TEXT, False
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+                if exporter.down:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                body = exporter.text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def exporter() -> Iterator[Exporter]:
+    running = Exporter()
+    yield running
+    running.server.shutdown()
+
+
+@pytest.fixture
+def gpu_cluster(world: World, exporter: Exporter) -> Cluster:
+    """A Kubernetes cluster of one node with two H100, its DCGM exporter at `exporter`."""
+    cluster = Cluster.objects.create(name="k8s", kind=Cluster.Kind.KUBERNETES, connection={"dcgm_url": exporter.url})
+    node = Node.objects.create(pool=NodePool.objects.create(cluster=cluster, name="gpu"), name="gpu-node-1")
+    for index, uuid in enumerate(("GPU-aaaa", "GPU-bbbb")):
+        GPU.objects.create(node=node, index=index, uuid=uuid, gpu_type="h100", model="NVIDIA H100", memory_mb=81920)
+    return cluster
+
+
+def test_nvml_reads_this_machines_gpus_or_says_there_is_no_telemetry(world: World) -> None:
+    """Without an NVIDIA driver (this machine, CI) NVML refuses, and the local cluster, whose
+    inventory is declared, has no source at all; with one, every reading is a device's."""
+    has_driver = os.path.exists("/dev/nvidiactl")
+    if has_driver:
+        readings = NvmlCollector().readings()
+        assert readings and all(0 <= r.utilisation <= 100 and r.memory_total_mb > 0 for r in readings)
+    else:
+        with pytest.raises(NoTelemetry, match="NVML"):
+            NvmlCollector().readings()
+    local = Cluster.objects.get(name="local")
+    assert GPU.objects.filter(node__pool__cluster=local, declared=True).exists()
+    assert collector_for(local) is None
+
+
+def test_the_dcgm_exporter_is_read_over_http_and_stored_with_who_held_each_gpu(
+    world: World, gpu_cluster: Cluster, exporter: Exporter
+) -> None:
+    readings = DcgmCollector(exporter.url).readings()
+    assert [(r.node, r.index, r.uuid, r.utilisation) for r in readings] == [
+        ("gpu-node-1", 0, "GPU-aaaa", 87.0),
+        ("gpu-node-1", 1, "GPU-bbbb", 3.0),
+    ]
+    assert (readings[0].memory_used_mb, readings[0].memory_total_mb) == (61440, 81920)
+    assert (readings[0].temperature_c, readings[0].power_w) == (64.0, 512.25)
+
+    job = check_submit_job(world.team_a, name="train", command="true", acting_user=world.bob)
+    gpu0 = GPU.objects.get(uuid="GPU-aaaa")
+    Allocation.objects.create(gpu=gpu0, fraction=Decimal(1), job=job)
+    assert sample() == 2  # the k8s cluster's two devices; the local one has no source
+    stored = {row.gpu.uuid: row for row in GpuSample.objects.select_related("gpu")}
+    assert stored["GPU-aaaa"].job_id == job.pk and stored["GPU-aaaa"].workspace_id == world.team_a.pk
+    assert stored["GPU-bbbb"].job_id is None and stored["GPU-bbbb"].utilisation == 3.0
+    assert set(latest(GPU.objects.filter(node__pool__cluster=gpu_cluster))) == {gpu0.pk, stored["GPU-bbbb"].gpu_id}
+
+    # The exporter down: nothing stored, nothing raised; the pages then say "no telemetry" again
+    # once the last samples grow old.
+    exporter.down = True
+    assert sample() == 0
+    assert latest(GPU.objects.all(), now=timezone.now() + timedelta(minutes=5)) == {}
+
+
+def test_samples_are_folded_into_minutes_then_hours_then_dropped(world: World, gpu_cluster: Cluster) -> None:
+    gpu = GPU.objects.get(uuid="GPU-aaaa")
+    now = timezone.now().replace(second=30, microsecond=0)
+    two_days = now - timedelta(days=2)
+    minute = two_days.replace(second=0)
+
+    def raw(at: Any, utilisation: float) -> GpuSample:
+        return GpuSample(gpu=gpu, at=at, resolution_s=0, utilisation=utilisation, memory_used_mb=100,
+                         memory_total_mb=81920)  # fmt: skip
+
+    GpuSample.objects.bulk_create(
+        [raw(minute + timedelta(seconds=10 * i), 10.0 * i) for i in range(6)]  # one minute: 0..50, mean 25
+        + [raw(now - timedelta(hours=1), 99.0)]  # within the day: kept as measured
+        + [
+            GpuSample(
+                gpu=gpu,
+                at=now - timedelta(days=40, minutes=m),
+                resolution_s=60,
+                utilisation=40.0 + m,
+                memory_used_mb=1,
+                memory_total_mb=1,
+            )
+            for m in range(2)
+        ]  # fmt: skip
+        + [
+            GpuSample(
+                gpu=gpu,
+                at=now - timedelta(days=400),
+                resolution_s=3600,
+                utilisation=1.0,
+                memory_used_mb=1,
+                memory_total_mb=1,
+            )
+        ]  # fmt: skip
+    )
+    fold(now)
+    minutes = GpuSample.objects.filter(resolution_s=60)
+    [folded] = minutes.filter(at=minute)
+    assert folded.utilisation == pytest.approx(25.0) and folded.memory_used_mb == 100
+    assert GpuSample.objects.filter(resolution_s=0).count() == 1  # the recent one
+    hours = GpuSample.objects.filter(resolution_s=3600)
+    assert hours.count() == 1 and hours.get().utilisation == pytest.approx(40.5)  # the two old minutes, one hour
+    assert not GpuSample.objects.filter(at__lt=now - timedelta(days=365)).exists()
+    fold(now)  # again: nothing more to do
+    assert GpuSample.objects.count() == 3
+
+
+def test_a_jobs_page_charts_its_gpus_and_says_no_telemetry_without_samples(world: World, gpu_cluster: Cluster) -> None:
+    job = check_submit_job(
+        world.team_a, name="train", command="true", gpu_type="h100", gpus_per_replica=Decimal(1), acting_user=world.bob
+    )
+    bob = Client()
+    bob.force_login(world.bob)
+    page = bob.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
+    assert "No telemetry: the GPUs it holds report no measurements here" in page
+    empty = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
+    assert empty["telemetry"] is False and empty["series"] == {}
+
+    gpu = GPU.objects.get(uuid="GPU-aaaa")
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        [
+            GpuSample(
+                gpu=gpu,
+                at=now - timedelta(seconds=10 * i),
+                resolution_s=0,
+                utilisation=80.0,
+                memory_used_mb=1,
+                memory_total_mb=2,
+                job=job,
+                workspace=world.team_a,
+            )
+            for i in range(30)
+        ]  # fmt: skip
+    )
+    page = bob.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
+    assert f'data-chart-url="/w/team-a/jobs/{job.pk}/gpu.json?window=1h"' in page and "chart.umd" in page
+    chart = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
+    assert chart["telemetry"] is True and chart["y_max"] == 100
+    [values] = chart["series"].values()
+    assert len(values) == len(chart["labels"]) == 120
+    assert {v for v in values if v is not None} == {80.0}
+    # Another tenant's: not found.
+    charlie = Client()
+    charlie.force_login(world.charlie)
+    assert charlie.get(f"/w/team-a/jobs/{job.pk}/gpu.json").status_code == 404
+
+
+def test_the_inventory_and_the_metrics_show_what_is_measured_and_nothing_where_nothing_is(
+    world: World, gpu_cluster: Cluster, settings: Any
+) -> None:
+    sample()
+    admin = Client()
+    admin.force_login(world.admin)
+    page = admin.get("/console/inventory/").content.decode()
+    assert "87 % busy, 61440 / 81920 MB, 64 °C, 512 W" in page
+    assert "no telemetry" in page  # the local cluster's declared GPUs
+    settings.PORTAL_METRICS_TOKEN = "t" * 20
+    metrics = Client().get("/metrics", headers={"Authorization": "Bearer " + "t" * 20}).content.decode()
+    assert 'gpuportal_gpu_utilisation_ratio{cluster="k8s",gpu_type="h100"} 0.45' in metrics
+    assert 'gpuportal_gpus_measured{cluster="k8s",gpu_type="h100"} 2.0' in metrics
+    assert 'cluster="local"' not in metrics.split("gpuportal_gpu_utilisation_ratio")[-1].split("# HELP")[0]
