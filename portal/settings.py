@@ -259,6 +259,8 @@ PORTAL_TELEMETRY_EVERY_S = env_int("PORTAL_TELEMETRY_EVERY_S", 10, minimum=1, ma
 # scheduler loop looks, and how long before an idle stop the notebook's user is mailed.
 PORTAL_CULL_EVERY_S = env_int("PORTAL_CULL_EVERY_S", 30, minimum=1, maximum=3600)
 PORTAL_CULL_WARNING_S = env_int("PORTAL_CULL_WARNING_S", 600, minimum=0, maximum=86400)
+# A GPU measured at least this busy (percent) keeps its instance's notebooks from being idle.
+PORTAL_CULL_GPU_BUSY_PERCENT = env_int("PORTAL_CULL_GPU_BUSY_PERCENT", 5, minimum=0, maximum=100)
 PORTAL_INVITATIONS_PER_USER_HOUR = env_int("PORTAL_INVITATIONS_PER_USER_HOUR", 20, minimum=1)
 PORTAL_INVITATIONS_PER_WORKSPACE_HOUR = env_int("PORTAL_INVITATIONS_PER_WORKSPACE_HOUR", 50, minimum=1)
 

@@ -4,7 +4,8 @@ running past `max_runtime_s`. The scheduler loop asks every `PORTAL_CULL_EVERY_S
 A notebook is idle while none of its kernels runs anything and neither a kernel nor a terminal
 has done anything since; Jupyter's own API says so (`/api/kernels`, `/api/terminals`: each one's
 `last_activity` and `execution_state`), asked with the notebook's token. A kernel that runs a cell
-is activity, however quiet the cell. A server that cannot be asked is not judged idle. Its user is
+is activity, however quiet the cell; so is, where telemetry exists (apps/telemetry), its
+instance's GPUs measured busy. A server that cannot be asked is not judged idle. Its user is
 mailed `PORTAL_CULL_WARNING_S` before the stop (at most half the limit); the stop leaves its
 files where they are, its page says why ("culled: idle for 2 h 10 min"), and it can be started
 again. Activity after the warning cancels it.
@@ -27,6 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
+from django.db.models import Max
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -111,7 +113,21 @@ def last_activity(notebook: Notebook, now: datetime) -> datetime | None:
         when = parse_datetime(str(item.get("last_activity") or ""))
         if when is not None:
             times.append(when)
+    busy = gpu_busy_at(notebook.instance_id)
+    if busy is not None:
+        times.append(busy)
     return max(times)
+
+
+def gpu_busy_at(instance_id: int) -> datetime | None:
+    """When the instance's GPUs were last measured busy (apps/telemetry: at least
+    `PORTAL_CULL_GPU_BUSY_PERCENT`), if they ever were: work that runs on them (a process started
+    from a terminal and left, a job over its kubeconfig) is activity too, where telemetry exists."""
+    from apps.telemetry.models import GpuSample  # the telemetry app records what the compute app runs
+
+    threshold = settings.PORTAL_CULL_GPU_BUSY_PERCENT
+    busy = GpuSample.objects.filter(instance_id=instance_id, utilisation__gte=threshold)
+    return busy.aggregate(last=Max("at"))["last"]
 
 
 def _ask(url: str, notebook: Notebook) -> list[dict[str, Any]] | None:

@@ -207,3 +207,51 @@ def test_a_culled_notebooks_page_says_why_and_starts_it_again(world: World) -> N
     assert notebook.state == Notebook.State.PENDING and notebook.stop_reason == ""
     again = pages["bob"].post(f"/w/team-a/notebooks/{notebook.pk}/start/", follow=True)
     assert "only a stopped one starts" in again.content.decode()
+
+
+def test_gpus_measured_busy_keep_a_notebook_from_being_idle(world: World, settings: Any) -> None:
+    """Where telemetry exists, work on the instance's GPUs is activity, whatever Jupyter says: a
+    server whose kernels have done nothing for a day, on an instance whose GPU was busy a minute
+    ago, is not idle; once the GPU too is quiet, the day counts."""
+    import threading
+    from decimal import Decimal
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from apps.compute.actions import check_launch_instance, check_launch_notebook
+    from apps.inventory.models import GPU
+    from apps.telemetry.models import GpuSample
+
+    class Idle(BaseHTTPRequestHandler):  # what an idle Jupyter server answers: no kernel, no terminal
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Idle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        box = check_launch_instance(world.team_a, name="box", profile=world.gpu_1, acting_user=world.alice)
+        notebook = check_launch_notebook(
+            world.team_a, instance=box, name="lab", profile=world.minimal, acting_user=world.alice
+        )
+        now = timezone.now()
+        Notebook.objects.filter(pk=notebook.pk).update(
+            state=Notebook.State.READY,
+            proxy_target=f"http://127.0.0.1:{server.server_address[1]}",
+            started_at=now - timedelta(days=1),
+        )
+        notebook.refresh_from_db()
+        assert last_activity(notebook, now) == now - timedelta(days=1)
+        gpu = GPU.objects.first()
+        assert gpu is not None and box.gpus_per_replica == Decimal(1)
+        sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "instance": box}
+        GpuSample.objects.create(at=now - timedelta(minutes=1), utilisation=90.0, **sample)
+        assert last_activity(notebook, now) == now - timedelta(minutes=1)
+        settings.PORTAL_CULL_GPU_BUSY_PERCENT = 95  # 90 % is under this threshold: quiet
+        assert last_activity(notebook, now) == now - timedelta(days=1)
+    finally:
+        server.shutdown()
