@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from apps.jobs.models import Job
 from apps.web.common import is_fragment, page, signed_in, workspace_for
-from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, quota_use
+from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, measured_series, quota_use
 from apps.workspaces.models import GPUQuota
 
 SHOWN = 20
@@ -52,4 +52,5 @@ def usage_data(request: HttpRequest, ws: str) -> JsonResponse:
         data["series"].setdefault(gpu_type, [0.0] * len(data["labels"]))
     data["limits"] = quotas
     data["limit_label"] = "quota"
+    data["measured"] = measured_series([workspace.pk], request.GET.get("window", DEFAULT_WINDOW))
     return JsonResponse(data)

@@ -123,3 +123,30 @@ def gpu_series(workspace_ids: list[int] | None, window: str = DEFAULT_WINDOW) ->
         "labels": labels,
         "series": {k: [round(v, 3) for v in vs] for k, vs in sorted(series.items())},
     }
+
+
+def measured_series(workspace_ids: list[int], window: str = DEFAULT_WINDOW) -> dict[str, list[float | None]]:
+    """GPUs busy per bucket over the window, per GPU type, as measured (apps/telemetry): in each
+    bucket, each device's mean utilisation, summed over the workspace's devices ("1.5": one and
+    a half GPUs' worth of work). Empty where there is no telemetry; a bucket without a sample is
+    None, not 0."""
+    from apps.telemetry.models import GpuSample  # measured use, beside what is held
+
+    span, buckets = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
+    now = timezone.now()
+    start = now - span
+    step = span.total_seconds() / buckets
+    sums: dict[tuple[str, int, int], list[float]] = defaultdict(lambda: [0.0, 0])  # (type, gpu, bucket)
+    rows = GpuSample.objects.filter(workspace_id__in=workspace_ids, at__gte=start).values_list(
+        "gpu__gpu_type", "gpu_id", "at", "utilisation"
+    )
+    for gpu_type, gpu_id, at, utilisation in rows.iterator(chunk_size=2000):
+        bucket = min(buckets - 1, int((at - start).total_seconds() // step))
+        total = sums[(gpu_type, gpu_id, bucket)]
+        total[0] += utilisation
+        total[1] += 1
+    series: dict[str, list[float | None]] = {}
+    for (gpu_type, _gpu, bucket), (total, count) in sums.items():
+        values = series.setdefault(gpu_type, [None] * buckets)
+        values[bucket] = round((values[bucket] or 0.0) + total / count / 100, 3)
+    return dict(sorted(series.items()))

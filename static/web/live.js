@@ -168,6 +168,10 @@
         const color = PALETTE[i % PALETTE.length];
         datasets.push({ label: `${type}${suffix}`, data: values, borderColor: color, backgroundColor: color + "22",
           fill: true, stepped: false, tension: 0.25, pointRadius: 0, borderWidth: 2, spanGaps: false });
+        if (data.measured && type in data.measured) {  // what the held GPUs measured busy, where telemetry exists
+          datasets.push({ label: `${type} measured busy`, data: data.measured[type], borderColor: color,
+            borderDash: [2, 3], pointRadius: 0, borderWidth: 2, fill: false, spanGaps: false });
+        }
         if (data.limits && type in data.limits) {
           datasets.push({ label: `${type} ${data.limit_label}`, data: values.map(() => data.limits[type]),
             borderColor: color, borderDash: [6, 4], pointRadius: 0, borderWidth: 1.5, fill: false });

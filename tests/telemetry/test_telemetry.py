@@ -240,3 +240,23 @@ def test_the_inventory_and_the_metrics_show_what_is_measured_and_nothing_where_n
     assert 'gpuportal_gpu_utilisation_ratio{cluster="k8s",gpu_type="h100"} 0.45' in metrics
     assert 'gpuportal_gpus_measured{cluster="k8s",gpu_type="h100"} 2.0' in metrics
     assert 'cluster="local"' not in metrics.split("gpuportal_gpu_utilisation_ratio")[-1].split("# HELP")[0]
+
+
+def test_the_dashboard_chart_puts_what_was_measured_busy_beside_what_was_held(
+    world: World, gpu_cluster: Cluster
+) -> None:
+    alice = Client()
+    alice.force_login(world.alice)
+    assert alice.get("/w/team-a/usage.json?window=1h").json()["measured"] == {}  # no telemetry: nothing, not 0
+    now = timezone.now()
+    for uuid, utilisation in (("GPU-aaaa", 80.0), ("GPU-bbbb", 40.0)):
+        GpuSample.objects.create(gpu=GPU.objects.get(uuid=uuid), at=now - timedelta(seconds=5), resolution_s=0,
+                                 utilisation=utilisation, memory_used_mb=1, memory_total_mb=2,
+                                 workspace=world.team_a)  # fmt: skip
+    GpuSample.objects.create(gpu=GPU.objects.get(uuid="GPU-aaaa"), at=now - timedelta(seconds=5), resolution_s=0,
+                             utilisation=100.0, memory_used_mb=1, memory_total_mb=2,
+                             workspace=world.team_b)  # another tenant's: not counted  # fmt: skip
+    data = alice.get("/w/team-a/usage.json?window=1h").json()
+    [busy] = data["measured"].values()
+    assert list(data["measured"]) == ["h100"] and len(busy) == len(data["labels"])
+    assert busy[-1] == pytest.approx(1.2) and busy[0] is None  # 0.8 + 0.4 GPUs' worth, now; unmeasured before
