@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.db.models import QuerySet
-from django_filters import BooleanFilter, ChoiceFilter, DateTimeFilter
+from django_filters import BooleanFilter, ChoiceFilter, DateTimeFilter, NumberFilter
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter
 from rest_framework.request import Request
@@ -17,6 +19,21 @@ from apps.workspaces.models import Workspace
 
 # Understood on any endpoint: the response format DRF may be asked for.
 ALWAYS = frozenset({"format"})
+# The largest id a database row can have (a 64-bit key).
+MAX_ID = 2**63 - 1
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
+class IdFilter(NumberFilter):
+    """An object by its id (`?instance=12`), not a choice among the objects: an id that matches none
+    finds nothing (not a 400); what is no id at all is refused, as the schema says."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
 
 
 class WorkspaceFilter(BaseFilterBackend):

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.fields import NameField, WorkspaceField
+from apps.api.filters import IdFilter
 from apps.api.negotiation import AnswerAsIs
 from apps.api.strict import GPUCountField, StrictModelSerializer
 from apps.api.views import TenantViewSet
@@ -204,7 +205,7 @@ class NotebookSerializer(StrictModelSerializer):
 
 class NotebookFilter(filters.FilterSet):
     # By id, not a choice among instances: an id that matches none finds no notebook (not a 400).
-    instance = filters.NumberFilter(field_name="instance_id")
+    instance = IdFilter(field_name="instance_id")
 
     class Meta:
         model = Notebook
@@ -265,7 +266,7 @@ class CollaboratorSerializer(StrictModelSerializer):
 
 
 class CollaboratorFilter(filters.FilterSet):
-    instance = filters.NumberFilter(field_name="instance_id")
+    instance = IdFilter(field_name="instance_id")
 
     class Meta:
         model = Collaborator

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.fields import WorkspaceField
+from apps.api.filters import IdFilter
 from apps.api.strict import StrictModelSerializer
 from apps.api.views import TenantViewSet
 from apps.compute.api import InstanceRefField
@@ -98,7 +99,7 @@ class InvitationSerializer(StrictModelSerializer):
 
 class InvitationFilter(filters.FilterSet):
     # By id, not a choice among instances: an id that matches none finds no invitation (not a 400).
-    instance = filters.NumberFilter(field_name="instance_id")
+    instance = IdFilter(field_name="instance_id")
 
     class Meta:
         model = Invitation
