@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "apps.invitations",
     "apps.monitoring",
     "apps.telemetry",
+    "apps.accounting",
     "apps.catalog",
     "apps.inventory",
     "apps.compute",
@@ -74,6 +75,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.web",
     "apps.console",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [
@@ -252,7 +254,6 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Portal <gpu-portal@local
 # /metrics answers a scraper that presents this bearer token; without one it is off. The embedded
 # default keeps a generated one in its data directory.
 PORTAL_METRICS_TOKEN = env_secret("PORTAL_METRICS_TOKEN") or ("" if PRODUCTION else _embedded_secret("metrics_token"))
-PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
 # How often the scheduler loop reads the GPUs' telemetry (apps/telemetry), where a source exists.
 PORTAL_TELEMETRY_EVERY_S = env_int("PORTAL_TELEMETRY_EVERY_S", 10, minimum=1, maximum=3600)
 # Idle notebooks and workloads past their maximum runtime (apps/compute/culling.py): how often the
@@ -261,8 +262,15 @@ PORTAL_CULL_EVERY_S = env_int("PORTAL_CULL_EVERY_S", 30, minimum=1, maximum=3600
 PORTAL_CULL_WARNING_S = env_int("PORTAL_CULL_WARNING_S", 600, minimum=0, maximum=86400)
 # A GPU measured at least this busy (percent) keeps its instance's notebooks from being idle.
 PORTAL_CULL_GPU_BUSY_PERCENT = env_int("PORTAL_CULL_GPU_BUSY_PERCENT", 5, minimum=0, maximum=100)
+PORTAL_INVITATION_DAYS = env_int("PORTAL_INVITATION_DAYS", 7, minimum=1, maximum=90)
 PORTAL_INVITATIONS_PER_USER_HOUR = env_int("PORTAL_INVITATIONS_PER_USER_HOUR", 20, minimum=1)
 PORTAL_INVITATIONS_PER_WORKSPACE_HOUR = env_int("PORTAL_INVITATIONS_PER_WORKSPACE_HOUR", 50, minimum=1)
+# Alerts (apps/alerts, docs/operations.md): how often the scheduler loop evaluates the rules, after
+# how long a firing alert is sent again (0: never), and whether workspace owners' webhooks may
+# reach loopback and private addresses (platform admins' always may).
+PORTAL_ALERTS_EVERY_S = env_int("PORTAL_ALERTS_EVERY_S", 30, minimum=1, maximum=3600)
+PORTAL_ALERTS_REPEAT_S = env_int("PORTAL_ALERTS_REPEAT_S", 4 * 3600, minimum=0, maximum=30 * 86400)
+PORTAL_ALERTS_ALLOW_PRIVATE_WEBHOOKS = env_bool("PORTAL_ALERTS_ALLOW_PRIVATE_WEBHOOKS", False)
 
 # --- Single sign-on through OpenID Connect (docs/identity.md) -----------------------------------
 # Off unless PORTAL_OIDC_ISSUER names the provider. Its endpoints come from the issuer's discovery

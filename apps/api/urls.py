@@ -1,6 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+from apps.accounting.api import UsageView
 from apps.accounts.api import (
     ApiTokenViewSet,
     DeviceLoginView,
@@ -10,6 +11,7 @@ from apps.accounts.api import (
     TokenView,
     UserViewSet,
 )
+from apps.alerts.api import AlertRuleViewSet, AlertViewSet
 from apps.audit.api import AuditEventViewSet, AuditExportView
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewSet
@@ -36,6 +38,8 @@ router.register("gpus", GPUViewSet, basename="gpu")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 router.register("users", UserViewSet, basename="user")
 router.register("groups", GroupViewSet, basename="group")
+router.register("alert-rules", AlertRuleViewSet, basename="alertrule")
+router.register("alerts", AlertViewSet, basename="alert")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
@@ -51,5 +55,7 @@ urlpatterns = [
     ),
     # Before the router's audit-events/<pk>/, which would take "export" for an id.
     path("audit-events/export/", AuditExportView.as_view(), name="auditevent-export"),
+    # GPU-hours per month, workspace, user and GPU type: a report, not a list of objects.
+    path("usage/", UsageView.as_view(), name="usage"),
     path("", include(router.urls)),
 ]

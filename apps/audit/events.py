@@ -91,6 +91,15 @@ class Event(StrEnum):
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
 
+    # Alerts (apps/alerts): rules changed by users; alerts silenced, firing and resolved
+    ALERT_RULE_CREATE = "alertrule.create"
+    ALERT_RULE_UPDATE = "alertrule.update"
+    ALERT_RULE_DELETE = "alertrule.delete"
+    ALERT_RULE_SILENCE = "alertrule.silence"
+    ALERT_SILENCE = "alert.silence"
+    ALERT_FIRE = "alert.fire"  # by the portal: a rule's condition held for its `for_s`
+    ALERT_RESOLVE = "alert.resolve"  # by the portal: the condition of a firing alert stopped holding
+
 
 # A job's end, by the state it ends in (a value of Job.State): a new final state needs its event.
 JOB_ENDS = {"SUCCEEDED": Event.JOB_SUCCEEDED, "FAILED": Event.JOB_FAILED}

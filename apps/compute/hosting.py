@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from apps.accounts.tokens import workload_env
+from apps.alerts import evaluate as alert_evaluation
 from apps.compute import actions, culling, proxy
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
@@ -209,8 +210,9 @@ class NotebookKind(Kind):
 
     def upkeep(self) -> dict[str, int]:
         """The notebook proxy's routes follow the ready notebooks (see ``sync_routes``); idle
-        notebooks and workloads past their maximum runtime are stopped (apps/compute/culling.py)."""
-        counts = culling.upkeep()
+        notebooks and workloads past their maximum runtime are stopped (apps/compute/culling.py);
+        alert rules are evaluated (apps/alerts/evaluate.py)."""
+        counts = {**culling.upkeep(), **alert_evaluation.upkeep()}
         try:
             removed, added = sync_routes()
         except proxy.ProxyError:

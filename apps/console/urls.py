@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.console import catalog, dashboard, people, workspaces
+from apps.console import alerts, catalog, dashboard, people, usage, workspaces
 
 app_name = "console"
 
@@ -8,6 +8,13 @@ urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
     path("usage.json", dashboard.usage_data, name="usage"),
     path("inventory/", dashboard.inventory, name="inventory"),
+    path("usage/", usage.usage, name="usage-report"),
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/rules/new/", alerts.rule_edit, name="alert-rule-new"),
+    path("alerts/rules/<int:pk>/", alerts.rule_edit, name="alert-rule"),
+    path("alerts/rules/<int:pk>/delete/", alerts.rule_delete, name="alert-rule-delete"),
+    path("alerts/rules/<int:pk>/silence/", alerts.rule_silence, name="alert-rule-silence"),
+    path("alerts/<int:pk>/silence/", alerts.alert_silence, name="alert-silence"),
     path("profiles/", catalog.profile_list, name="profiles"),
     path("profiles/<str:kind>/new/", catalog.profile_edit, name="profile-new"),
     path("profiles/<str:kind>/<str:name>/", catalog.profile_edit, name="profile"),

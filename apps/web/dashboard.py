@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from apps.jobs.models import Job
 from apps.web.common import is_fragment, page, signed_in, workspace_for
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, measured_series, quota_use
+from apps.workspaces.access import MANAGE, can
 from apps.workspaces.models import GPUQuota
 
 SHOWN = 20
@@ -37,6 +38,7 @@ def dashboard(request: HttpRequest, ws: str) -> HttpResponse:
         "usage": quota_use([workspace]),
         "windows": list(WINDOWS),
         "window": request.GET.get("window", DEFAULT_WINDOW),
+        "may_manage": can(request.user, workspace, MANAGE),  # its owners see its GPU-hours report
     }
     template = "web/_dashboard_body.html" if is_fragment(request) else "web/dashboard.html"
     return page(request, template, context)

@@ -14,6 +14,7 @@ from apps.web import (
     telemetry,
     tokens,
 )
+from apps.web.usage_report import usage_report
 
 app_name = "web"
 
@@ -29,6 +30,7 @@ urlpatterns = [
     path("invitations/<str:secret>/", invitations.invitation, name="invitation"),
     path("w/<str:ws>/", dashboard.dashboard, name="dashboard"),
     path("w/<str:ws>/usage.json", dashboard.usage_data, name="usage"),
+    path("w/<str:ws>/usage/report/", usage_report, name="usage-report"),
     path("w/<str:ws>/instances/", instances.instance_list, name="instances"),
     path("w/<str:ws>/instances/new/", instances.instance_new, name="instance-new"),
     path("w/<str:ws>/instances/<int:pk>/", instances.instance_detail, name="instance"),
@@ -45,9 +47,9 @@ urlpatterns = [
     path("w/<str:ws>/notebooks/new/", notebooks.notebook_new, name="notebook-new"),
     path("w/<str:ws>/notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),
     path("w/<str:ws>/notebooks/<int:pk>/delete/", notebooks.notebook_delete, name="notebook-delete"),
+    path("w/<str:ws>/notebooks/<int:pk>/start/", notebooks.notebook_start, name="notebook-start"),
     path("w/<str:ws>/jobs/", jobs.job_list, name="jobs"),
     path("w/<str:ws>/jobs/new/", jobs.job_new, name="job-new"),
-    path("w/<str:ws>/notebooks/<int:pk>/start/", notebooks.notebook_start, name="notebook-start"),
     path("w/<str:ws>/jobs/<int:pk>/", jobs.job_detail, name="job"),
     path("w/<str:ws>/jobs/<int:pk>/gpu.json", telemetry.job_gpu, name="job-gpu"),
     path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),

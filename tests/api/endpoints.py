@@ -21,6 +21,9 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from apps.accounts.actions import do_save_group, do_save_user
+from apps.alerts.actions import do_save_rule
+from apps.alerts.evaluate import evaluate
+from apps.alerts.models import Alert, AlertRule
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.catalog.actions import do_save_profile
@@ -234,6 +237,19 @@ def team_b_profile(model: type[ComputeProfile] | type[NotebookProfile], **fields
     return make
 
 
+def alert_rule(world: World, workspace: Workspace, name: str = "queue too long") -> AlertRule:
+    return do_save_rule(None, name=name, kind="queue_wait", workspace=workspace, threshold=Decimal("600"),
+                        emails=["ops@example.org"], acting_user=acting(world, workspace))  # fmt: skip
+
+
+def alert(world: World, workspace: Workspace, name: str = "quota") -> Alert:
+    """A firing alert: any use of the workspace's quota, at once."""
+    rule = do_save_rule(None, name=name, kind="quota_used", workspace=workspace, threshold=Decimal("0"),
+                        acting_user=acting(world, workspace))  # fmt: skip
+    evaluate(rules=[rule])
+    return Alert.objects.get(rule=rule)
+
+
 # --- More rows, for the list query counts ------------------------------------------------------
 
 
@@ -301,6 +317,16 @@ def more_gpus(world: World, rows: range) -> None:
     do_sync_local_cluster(parse_declared(f"{rows.stop}xh100"))
 
 
+def more_alert_rules(world: World, rows: range) -> None:
+    for i in rows:
+        alert_rule(world, world.team_a, f"rule-{i}")
+
+
+def more_alerts(world: World, rows: range) -> None:
+    for i in rows:
+        alert(world, world.team_a, f"quota-{i}")
+
+
 def more_users(world: World, rows: range) -> None:
     for i in rows:
         do_save_user(get_user_model()(), username=f"user-{i}", groups=[group("team-a")], acting_user=world.admin)
@@ -364,6 +390,12 @@ ENDPOINTS = [
     Endpoint("groups", lambda w, ws: reviewers(w), lookup="name", tenant=False, read_by="admin",
              create=lambda w, ws: {"name": "team-c"}, create_by="admin", patch={"name": "team-a2"},
              change_by="admin", delete=True, delete_by="admin", more=more_groups),
+    Endpoint("alert-rules", alert_rule,
+             create=lambda w, ws: {"workspace": ws.name, "name": "Queue wait", "kind": "queue_wait",
+                                   "threshold": "600.00", "for_s": 60, "emails": ["ops@example.org"]},
+             create_by="alice", patch={"name": "Queue wait, long"}, change_by="alice", delete=True,
+             delete_by="alice", actions=("silence",), more=more_alert_rules),
+    Endpoint("alerts", alert, change_by="alice", actions=("silence",), more=more_alerts),
 ]  # fmt: skip
 
 # API routes outside the router: who you are, the one route open without signing in, and your own
@@ -376,4 +408,5 @@ OTHER_ROUTES = {
     "tokens/": "GET",
     "tokens/<int:pk>/": "GET",
     "audit-events/export/": "GET",
+    "usage/": "GET",  # tests/accounting/test_api.py checks who sees what
 }

@@ -29,6 +29,7 @@ SignedIn = Callable[[Any], Client]
 REACHABLE = {
     "instance": ("instance", "read"),
     "instance-kubeconfig": ("instance", "write"),
+    "instance-gpu": ("instance", "read"),
     "notebook": ("notebook", "read"),
     "notebook-delete": ("notebook", "write"),
     "notebook-new": (None, "write"),
