@@ -97,6 +97,9 @@ def _check(rule: AlertRule, acting_user: Any) -> None:
         raise ActionError("A GPU type is a short lowercase name such as 'h100' or 'a100-80gb'.", field="gpu_type")
     if rule.kind == AlertRule.Kind.QUOTA_USED and rule.threshold > 1000:
         raise ActionError("A share of the quota is a percentage, at most 1000.", field="threshold")
+    if rule.kind == AlertRule.Kind.GPU_IDLE and not 0 < rule.threshold <= 100:
+        raise ActionError("Give the utilisation, in percent, under which held GPUs are idle: 1 to 100.",
+                          field="threshold")  # fmt: skip
     for address in rule.emails:
         try:
             validate_email(address)

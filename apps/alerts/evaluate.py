@@ -11,6 +11,9 @@ The figures are the database's, the same /metrics gives (apps/monitoring/metrics
 - node_unhealthy: each node whose state is not "ready"; one alert per node.
 - backend_failing: workloads that failed (audit events job.failed, instance.fail, notebook.fail)
   in the last `window_s` seconds; one alert for the platform.
+- gpu_idle: the mean measured utilisation (apps/telemetry: each device's fresh sample) of the GPUs
+  a workspace holds, in percent, under the threshold; one alert per workspace and GPU type. Where
+  there is no telemetry nothing is measured, and nothing is found: no alert for want of figures.
 
 An alert is pending from the first evaluation that finds its condition, firing once it has held
 for the rule's `for_s`, resolved at the first evaluation that no longer finds it (a pending one
@@ -40,6 +43,8 @@ from apps.audit.models import AuditEvent
 from apps.compute.models import Instance
 from apps.inventory.models import Allocation, Node
 from apps.jobs.models import Job
+from apps.telemetry.models import GpuSample
+from apps.telemetry.record import FRESH_S, RAW
 from apps.workspaces.models import GPUQuota, Workspace
 
 logger = logging.getLogger(__name__)
@@ -107,7 +112,35 @@ def conditions(rule: AlertRule, now: datetime) -> dict[str, Found]:
         return _node_unhealthy(rule)
     if rule.kind == kind.BACKEND_FAILING:
         return _backend_failing(rule, now)
+    if rule.kind == kind.GPU_IDLE:
+        return _gpu_idle(rule, now)
     return {}
+
+
+def _gpu_idle(rule: AlertRule, now: datetime) -> dict[str, Found]:
+    fresh = GpuSample.objects.filter(
+        resolution_s=RAW, at__gte=now - timedelta(seconds=FRESH_S), workspace_id__isnull=False
+    )
+    if rule.workspace_id is not None:
+        fresh = fresh.filter(workspace_id=rule.workspace_id)
+    if rule.gpu_type:
+        fresh = fresh.filter(gpu__gpu_type=rule.gpu_type)
+    newest: dict[int, tuple[int, str, str, float]] = {}
+    rows = fresh.order_by("gpu_id", "-at").values_list(
+        "gpu_id", "workspace_id", "workspace__name", "gpu__gpu_type", "utilisation"
+    )
+    for gpu_id, workspace_id, name, gpu_type, utilisation in rows:
+        newest.setdefault(gpu_id, (workspace_id, name, gpu_type, utilisation))
+    by_holder: dict[tuple[int, str, str], list[float]] = {}
+    for workspace_id, name, gpu_type, utilisation in newest.values():
+        by_holder.setdefault((workspace_id, name, gpu_type), []).append(utilisation)
+    found = {}
+    for (workspace_id, name, gpu_type), values in sorted(by_holder.items()):
+        mean = Decimal(sum(values) / len(values)).quantize(Decimal("0.01"))
+        if mean < rule.threshold:
+            labels = {"workspace": name, "gpu_type": gpu_type, "gpus_measured": str(len(values))}
+            found[f"workspace={name},gpu_type={gpu_type}"] = Found(labels, mean, workspace_id)
+    return found
 
 
 def _queue_wait(rule: AlertRule, now: datetime) -> dict[str, Found]:

@@ -19,6 +19,7 @@ class AlertRule(models.Model):
         QUOTA_USED = "quota_used", "Quota used"
         NODE_UNHEALTHY = "node_unhealthy", "Node unhealthy"
         BACKEND_FAILING = "backend_failing", "Workloads failing"
+        GPU_IDLE = "gpu_idle", "GPUs held idle"
 
     # Kinds only platform admins may define: about the platform, not one workspace.
     ADMIN_KINDS = (Kind.NODE_UNHEALTHY, Kind.BACKEND_FAILING)
@@ -28,6 +29,7 @@ class AlertRule(models.Model):
         Kind.QUOTA_USED: "% of quota",
         Kind.NODE_UNHEALTHY: "(unused)",
         Kind.BACKEND_FAILING: "failures",
+        Kind.GPU_IDLE: "% measured utilisation",
     }
 
     name = models.CharField(max_length=100)

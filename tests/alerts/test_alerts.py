@@ -374,3 +374,36 @@ def test_the_console_page(world: World) -> None:
     alice = Client()
     alice.force_login(world.alice)
     assert alice.get("/console/alerts/").status_code == 403
+
+
+def test_gpus_held_idle_fire_where_measured_and_never_for_want_of_figures(world: World, mailbox: Mailbox) -> None:
+    from apps.inventory.models import GPU
+    from apps.telemetry.models import GpuSample
+
+    made = create_rule(world, world.alice, name="idle", kind="gpu_idle", threshold="10.00", for_s=0,
+                       emails=["alice@example.org"])  # fmt: skip
+    assert made.status_code == 201, made.json()
+    assert create_rule(world, world.alice, name="bad", kind="gpu_idle", threshold="150.00").status_code == 400
+    evaluate()
+    assert not Alert.objects.exists()  # no telemetry: nothing measured, nothing found
+
+    gpus = list(GPU.objects.order_by("index")[:2])
+
+    def measured(*utilisations: float, workspace: Any = world.team_a) -> None:
+        now = timezone.now()
+        for gpu, utilisation in zip(gpus, utilisations, strict=False):
+            GpuSample.objects.create(gpu=gpu, at=now, resolution_s=0, utilisation=utilisation, memory_used_mb=1,
+                                     memory_total_mb=2, workspace=workspace)  # fmt: skip
+
+    measured(3.0, 9.0)  # team-a's two GPUs, 6 % on average
+    measured(0.0, workspace=world.team_b)  # another workspace's: not this rule's
+    evaluate()
+    [alert] = Alert.objects.all()
+    assert alert.state == Alert.State.FIRING and alert.labels["workspace"] == "team-a" and alert.value == Decimal(6)
+    assert alert.labels["gpus_measured"] == "2"
+    [mail] = mailbox.wait_for(1)
+    assert "idle" in mail["Subject"]
+    measured(60.0, 60.0)  # busy again (the newest sample of each GPU counts)
+    evaluate()
+    alert.refresh_from_db()
+    assert alert.state == Alert.State.RESOLVED
