@@ -25,7 +25,7 @@ from apps.accounting.queries import GROUPS, MONTH_PATTERN, Month, UsageReport, U
 from apps.api.negotiation import AnswerAsIs
 
 FORMATS = ("json", "csv")
-CSV_COLUMNS = ("month", "workspace", "user", "gpu_type", "gpu_hours", "gpu_seconds")
+CSV_COLUMNS = ("month", "workspace", "user", "gpu_type", "gpu_hours", "gpu_seconds", "measured_gpu_hours")
 
 
 class GroupByField(serializers.CharField):
@@ -68,6 +68,12 @@ class UsageRowSerializer(serializers.Serializer):
     gpu_type = serializers.CharField(allow_null=True, help_text="null when not grouped by GPU type")
     gpu_hours = serializers.DecimalField(max_digits=30, decimal_places=6, help_text="rounded half up")
     gpu_seconds = serializers.DecimalField(max_digits=40, decimal_places=9, help_text="exact")
+    measured_gpu_hours = serializers.DecimalField(
+        max_digits=30,
+        decimal_places=6,
+        allow_null=True,
+        help_text="GPU-hours of measured use (utilisation x time), where GPU telemetry exists; else null",
+    )
 
 
 class UsageReportSerializer(serializers.Serializer):

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Case, F, FloatField, Sum, Value, When
+from django.db.models.functions import Coalesce, TruncMonth
 from django.utils import timezone
 
 from apps.compute.models import Instance
@@ -88,10 +91,16 @@ class UsageRow:
     user: str | None
     gpu_type: str | None
     gpu_seconds: Decimal
+    # GPU-seconds of measured use (utilisation x time, apps/telemetry); None without telemetry.
+    measured_seconds: Decimal | None = None
 
     @property
     def gpu_hours(self) -> Decimal:
         return gpu_hours(self.gpu_seconds)
+
+    @property
+    def measured_gpu_hours(self) -> Decimal | None:
+        return gpu_hours(self.measured_seconds) if self.measured_seconds is not None else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +110,7 @@ class UsageRow:
             "gpu_type": self.gpu_type,
             "gpu_hours": self.gpu_hours,
             "gpu_seconds": self.gpu_seconds.quantize(SECONDS_PLACES),
+            "measured_gpu_hours": self.measured_gpu_hours,
         }
 
 
@@ -145,13 +155,62 @@ def usage_report(
     now = now or timezone.now()
     visible = owned_workspace_ids(user)
     cells = [] if visible == [] else usage_cells(workspace_ids=visible, workspace=workspace, month=month, now=now)
+    if visible != []:
+        cells = with_measured(cells, measured_cells(workspace_ids=visible, workspace=workspace, month=month))
     chosen = tuple(name for name in GROUPS if name in group_by)
     return UsageReport(now, month, workspace, chosen, grouped(cells, chosen))
+
+
+def measured_cells(
+    *, workspace_ids: list[int] | None, workspace: str | None, month: Month | None
+) -> dict[tuple[str, str, str | None, str], Decimal]:
+    """GPU-seconds of measured use per (month, workspace, user, GPU type): each telemetry sample's
+    utilisation times the time it stands for (the sampling period, or its folded bucket), over the
+    samples of devices a workspace's work held. Empty where there is no telemetry."""
+    from apps.telemetry.models import GpuSample  # what was measured, beside what was held
+    from apps.telemetry.record import RAW
+
+    rows = GpuSample.objects.filter(workspace__isnull=False)
+    if workspace_ids is not None:
+        rows = rows.filter(workspace_id__in=workspace_ids)
+    if workspace is not None:
+        rows = rows.filter(workspace__name=workspace)
+    if month is not None:
+        rows = rows.filter(at__gte=month.start, at__lt=_end_of(month))
+    period = Case(
+        When(resolution_s=RAW, then=Value(float(settings.PORTAL_TELEMETRY_EVERY_S))),
+        default=F("resolution_s"),
+        output_field=FloatField(),
+    )
+    cells = (
+        rows.annotate(
+            month=TruncMonth("at", tzinfo=UTC),
+            user=Coalesce("job__created_by__username", "instance__created_by__username"),
+        )
+        .values_list("month", "workspace__name", "user", "gpu__gpu_type")
+        .annotate(busy=Sum(F("utilisation") * period / 100, output_field=FloatField()))
+        .order_by()
+    )
+    return {(Month.of(at).label, name, user, gpu_type): Decimal(str(busy)) for at, name, user, gpu_type, busy in cells}
+
+
+def with_measured(cells: list[UsageRow], measured: dict[tuple[str, str, str | None, str], Decimal]) -> list[UsageRow]:
+    """The cells with their measured use; a cell measured but not held (its work's run records
+    gone) is kept, with 0 held."""
+    if not measured:
+        return cells
+    out = []
+    for cell in cells:
+        key = (cell.month, cell.workspace or "", cell.user, cell.gpu_type or "")
+        out.append(replace(cell, measured_seconds=measured.pop(key, Decimal(0))))
+    out += [UsageRow(*key, gpu_seconds=Decimal(0), measured_seconds=busy) for key, busy in measured.items()]
+    return out
 
 
 def grouped(cells: Iterable[UsageRow], group_by: Sequence[str]) -> list[UsageRow]:
     """Cells summed per month and the fields of `group_by`; the others become None."""
     sums: dict[tuple[str, str | None, str | None, str | None], Decimal] = {}
+    measured: dict[tuple[str, str | None, str | None, str | None], Decimal] = {}
     with localcontext() as exact:
         exact.prec = 60
         for cell in cells:
@@ -162,7 +221,9 @@ def grouped(cells: Iterable[UsageRow], group_by: Sequence[str]) -> list[UsageRow
                 cell.gpu_type if "gpu_type" in group_by else None,
             )
             sums[key] = sums.get(key, Decimal(0)) + cell.gpu_seconds
-    rows = [UsageRow(*key, gpu_seconds=total) for key, total in sums.items()]
+            if cell.measured_seconds is not None:
+                measured[key] = measured.get(key, Decimal(0)) + cell.measured_seconds
+    rows = [UsageRow(*key, gpu_seconds=total, measured_seconds=measured.get(key)) for key, total in sums.items()]
     return sorted(rows, key=lambda r: (r.month, r.workspace or "", r.user or "", r.gpu_type or ""))
 
 

@@ -161,18 +161,18 @@ class TestCsv:
         assert response["Content-Disposition"] == 'attachment; filename="gpu-usage-2026-11.csv"'
         lines = list(csv.reader(io.StringIO(response.content.decode())))
         assert lines == [
-            ["month", "workspace", "user", "gpu_type", "gpu_hours", "gpu_seconds"],
-            ["2026-11", "team-a", "alice", "h100", "2.000000", "7200.000000000"],
-            ["2026-11", "team-a", "bob", "a100", "2.000000", "7200.000000000"],
-            ["2026-11", "team-b", "charlie", "h100", "0.500000", "1800.000000000"],
+            ["month", "workspace", "user", "gpu_type", "gpu_hours", "gpu_seconds", "measured_gpu_hours"],
+            ["2026-11", "team-a", "alice", "h100", "2.000000", "7200.000000000", ""],  # no telemetry: empty
+            ["2026-11", "team-a", "bob", "a100", "2.000000", "7200.000000000", ""],
+            ["2026-11", "team-b", "charlie", "h100", "0.500000", "1800.000000000", ""],
         ]
 
     def test_an_owner_exports_only_their_workspace(self, usage: World) -> None:
         response = usage.client(usage.alice).get(URL, {"format": "csv", "workspace": "team-a", "group_by": "user"})
         assert response["Content-Disposition"] == 'attachment; filename="gpu-usage-all-months-team-a.csv"'
         assert response.content.decode().splitlines()[1:] == [
-            "2026-11,,alice,,2.000000,7200.000000000",
-            "2026-11,,bob,,2.000000,7200.000000000",
+            "2026-11,,alice,,2.000000,7200.000000000,",
+            "2026-11,,bob,,2.000000,7200.000000000,",
         ]
 
     def test_its_cells_are_never_formulas(self, usage: World) -> None:
@@ -249,3 +249,25 @@ def test_it_answers_in_a_bounded_number_of_queries(usage: World, django_assert_m
     alice.get(URL)
     with django_assert_max_num_queries(5):  # the token, its user, her workspaces, the report
         assert _rows(alice.get(URL))
+
+
+def test_measured_use_is_reported_beside_what_was_held_where_telemetry_exists(usage: World, settings: Any) -> None:
+    """Each sample's utilisation times the time it stands for (the sampling period as measured, the
+    bucket once folded), for the work that held the device: here 30 samples of 10 s at 50 %, and an
+    hour folded at 25 %, of alice's h100 in November."""
+    from apps.inventory.models import GPU
+    from apps.telemetry.models import GpuSample
+
+    settings.PORTAL_TELEMETRY_EVERY_S = 10
+    job = history.job(usage.team_a, usage.alice, [(NOV, NOV + timedelta(hours=2))], gpu_type="h100", gpus=Decimal(1))
+    gpu = GPU.objects.first()
+    common = {"gpu": gpu, "memory_used_mb": 1, "memory_total_mb": 2, "job": job, "workspace": usage.team_a}
+    GpuSample.objects.bulk_create(
+        [GpuSample(at=NOV + timedelta(seconds=10 * i), resolution_s=0, utilisation=50.0, **common) for i in range(30)]
+        + [GpuSample(at=NOV + timedelta(hours=1), resolution_s=3600, utilisation=25.0, **common)]
+    )
+    rows = usage.client(usage.admin).get(URL, {"month": "2026-11", "workspace": "team-a"}).json()["rows"]
+    alice = next(r for r in rows if r["user"] == "alice" and r["gpu_type"] == "h100")
+    assert Decimal(alice["measured_gpu_hours"]) == Decimal("0.291667")  # (30 x 10 s x 0.5 + 3600 s x 0.25) / 3600
+    bob = next(r for r in rows if r["user"] == "bob")
+    assert bob["measured_gpu_hours"] == "0.000000"  # measured on the platform, but none of his devices

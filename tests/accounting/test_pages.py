@@ -80,7 +80,7 @@ class TestConsolePage:
         admin = browser(usage.admin)
         response = admin.get("/api/v1/usage/", {"month": "2026-12", "format": "csv"})
         assert response.status_code == 200
-        assert response.content.decode().splitlines()[1:] == ["2026-12,team-b,charlie,h100,1.500000,5400.000000000"]
+        assert response.content.decode().splitlines()[1:] == ["2026-12,team-b,charlie,h100,1.500000,5400.000000000,"]
 
     def test_it_says_when_a_month_had_no_use(self, usage: World) -> None:
         text = _text(browser(usage.admin).get(CONSOLE, {"month": "2025-01"}))
