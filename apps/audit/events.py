@@ -67,7 +67,8 @@ class Event(StrEnum):
     INSTANCE_RESTART = "instance.restart"
     INSTANCE_FAIL = "instance.fail"
     INSTANCE_DELETED = "instance.deleted"  # its processes are gone; INSTANCE_DELETE is the request
-    INSTANCE_CULL = "instance.cull"  # deleted by the portal: past its workspace's maximum runtime
+    INSTANCE_CULL = "instance.cull"  # deleted by the portal: idle, or past its workspace's maximum runtime
+    INSTANCE_IDLE_WARNING = "instance.idle_warning"  # its user told it will be deleted for being idle
 
     # Notebooks (apps/compute)
     NOTEBOOK_LAUNCH = "notebook.launch"

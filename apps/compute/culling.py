@@ -10,9 +10,12 @@ mailed `PORTAL_CULL_WARNING_S` before the stop (at most half the limit); the sto
 files where they are, its page says why ("culled: idle for 2 h 10 min"), and it can be started
 again. Activity after the warning cancels it.
 
-An instance is not culled for idleness: without GPU telemetry nothing tells an idle instance
-from one used over its kubeconfig or a terminal. Past its workspace's maximum runtime it is
-deleted, as a job past its own is stopped, and its page says why.
+An instance is culled for idleness only where GPU telemetry measures it (apps/telemetry): without
+it nothing tells an idle instance from one used over its kubeconfig or a terminal. Measured, it is
+idle while its GPUs are under `PORTAL_CULL_GPU_BUSY_PERCENT` and none of its notebooks is active;
+its user is warned the same way, then it is deleted (its files stay in the workspace), and its
+page says why. Past its workspace's maximum runtime it is deleted, as a job past its own is
+stopped, and its page says why.
 """
 
 from __future__ import annotations
@@ -62,10 +65,36 @@ def cull(now: datetime | None = None) -> dict[str, int]:
     notebooks = Notebook.objects.filter(state=Notebook.State.READY, workspace__max_idle_s__isnull=False)
     for notebook in notebooks.select_related("workspace", "created_by"):
         try:
-            _judge(notebook, now, counts)
+            _judge(notebook, last_activity(notebook, now), now, counts)
         except Exception:  # one notebook never stops the others' upkeep
             logger.exception("could not judge whether notebook %s is idle", notebook.pk)
+    instances = Instance.objects.filter(state=Instance.State.RUNNING, workspace__max_idle_s__isnull=False)
+    for instance in instances.select_related("workspace", "created_by"):
+        try:
+            _judge(instance, instance_activity(instance, now), now, counts)
+        except Exception:
+            logger.exception("could not judge whether instance %s is idle", instance.pk)
     return counts
+
+
+def instance_activity(instance: Instance, now: datetime) -> datetime | None:
+    """When an instance was last active: its GPUs measured busy, or one of its notebooks active
+    (its start, if never). None, so not idle, where nothing measures its GPUs (no telemetry: it may
+    be used over its kubeconfig or a terminal) or a notebook of it cannot be asked."""
+    from apps.telemetry.models import GpuSample
+
+    if not GpuSample.objects.filter(instance_id=instance.pk).exists():
+        return None
+    times = [instance.started_at or now]
+    busy = gpu_busy_at(instance.pk)
+    if busy is not None:
+        times.append(busy)
+    for notebook in instance.notebooks.filter(state=Notebook.State.READY).select_related("instance"):
+        active = last_activity(notebook, now)
+        if active is None:
+            return None
+        times.append(active)
+    return max(times)
 
 
 def warning_s(limit_s: int) -> int:
@@ -73,24 +102,24 @@ def warning_s(limit_s: int) -> int:
     return min(settings.PORTAL_CULL_WARNING_S, limit_s // 2)
 
 
-def _judge(notebook: Notebook, now: datetime, counts: dict[str, int]) -> None:
-    limit = int(notebook.workspace.max_idle_s or 0)
-    since = last_activity(notebook, now)
+def _judge(row: Notebook | Instance, since: datetime | None, now: datetime, counts: dict[str, int]) -> None:
+    limit = int(row.workspace.max_idle_s or 0)
     if since is None:  # not known: not idle
         return
     idle_s = (now - since).total_seconds()
     if idle_s < limit - warning_s(limit):
-        if notebook.idle_warned_at is not None:  # active again: the warning no longer holds
-            Notebook.objects.filter(pk=notebook.pk).update(idle_warned_at=None)
+        if row.idle_warned_at is not None:  # active again: the warning no longer holds
+            type(row).objects.filter(pk=row.pk).update(idle_warned_at=None)
         return
-    if notebook.idle_warned_at is None:
-        _warn(notebook, since, limit, now)
+    if row.idle_warned_at is None:
+        _warn(row, since, limit, now)
         counts["idle_warned"] += 1
         return
     # Stopped once idle past the limit, and never before its user had the warning's time.
-    if idle_s >= limit and now >= notebook.idle_warned_at + timedelta(seconds=warning_s(limit)):
+    if idle_s >= limit and now >= row.idle_warned_at + timedelta(seconds=warning_s(limit)):
+        reason = f"culled: idle for {duration(idle_s)}"
         try:
-            do_cull_notebook(notebook, f"culled: idle for {duration(idle_s)}")
+            do_cull_notebook(row, reason) if isinstance(row, Notebook) else do_cull_instance(row, reason)
         except ActionError:  # stopped meanwhile
             return
         counts["idle_culled"] += 1
@@ -146,35 +175,38 @@ def _ask(url: str, notebook: Notebook) -> list[dict[str, Any]] | None:
     return answer if isinstance(answer, list) else None
 
 
-def _warn(notebook: Notebook, since: datetime, limit: int, now: datetime) -> None:
-    """Mail its user that it will be stopped, and remember that they were told."""
+def _warn(row: Notebook | Instance, since: datetime, limit: int, now: datetime) -> None:
+    """Mail its user that it will be stopped (a notebook) or deleted (an instance), and remember
+    that they were told."""
     stop_at = max(since + timedelta(seconds=limit), now + timedelta(seconds=warning_s(limit)))
-    user = notebook.created_by
+    notebook = isinstance(row, Notebook)
+    user = row.created_by
     with transaction.atomic():
-        if not Notebook.objects.filter(pk=notebook.pk, idle_warned_at__isnull=True).update(idle_warned_at=now):
+        if not type(row).objects.filter(pk=row.pk, idle_warned_at__isnull=True).update(idle_warned_at=now):
             return
         do_log_event(
-            Event.NOTEBOOK_IDLE_WARNING,
-            notebook,
-            workspace=notebook.workspace,
+            Event.NOTEBOOK_IDLE_WARNING if notebook else Event.INSTANCE_IDLE_WARNING,
+            row,
+            workspace=row.workspace,
             data={"idle_since": since.isoformat(), "stop_at": stop_at.isoformat()},
         )
     if user is None or not user.email:
         return
     page = settings.PORTAL_PUBLIC_URL.rstrip("/") + reverse(
-        "web:notebook", kwargs={"ws": notebook.workspace.name, "pk": notebook.pk}
+        "web:notebook" if notebook else "web:instance", kwargs={"ws": row.workspace.name, "pk": row.pk}
     )
-    context = {"notebook": notebook, "user": user, "idle": duration((now - since).total_seconds()), "page": page,
-               "in": duration((stop_at - now).total_seconds()), "limit": duration(limit)}  # fmt: skip
+    context = {"row": row, "notebook": notebook, "user": user, "idle": duration((now - since).total_seconds()),
+               "page": page, "in": duration((stop_at - now).total_seconds()), "limit": duration(limit)}  # fmt: skip
+    what = f"Notebook {row.name} will be stopped" if notebook else f"Instance {row.name} will be deleted"
     message = EmailMessage(
-        subject=f"Notebook {notebook.name} will be stopped in {context['in']}: it is idle",
+        subject=f"{what} in {context['in']}: it is idle",
         body=render_to_string("compute/idle_warning.txt", context),
         to=[user.email],
     )
     try:
         message.send()
     except Exception:  # the stop waits for the warning's time all the same
-        logger.warning("could not mail the idle warning of notebook %s", notebook.pk, exc_info=True)
+        logger.warning("could not mail the idle warning of %s %s", type(row).__name__.lower(), row.pk, exc_info=True)
 
 
 def _past_runtime(now: datetime, counts: dict[str, int]) -> None:

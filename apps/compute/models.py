@@ -35,8 +35,10 @@ class Instance(Workload):
     profile = models.ForeignKey("catalog.ComputeProfile", on_delete=models.PROTECT, related_name="instances")
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
-    # Why the portal, not a person, ended it (its workspace's maximum runtime), for its page.
+    # Why the portal, not a person, ended it (idle, or its workspace's maximum runtime), for its page.
     stop_reason = models.CharField(max_length=500, blank=True)
+    # When its user was told it would be deleted for being idle; cleared once it is active again.
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

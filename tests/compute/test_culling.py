@@ -255,3 +255,51 @@ def test_gpus_measured_busy_keep_a_notebook_from_being_idle(world: World, settin
         assert last_activity(notebook, now) == now - timedelta(days=1)
     finally:
         server.shutdown()
+
+
+def test_an_instance_is_culled_when_idle_only_where_its_gpus_are_measured(
+    world: World, mailbox: Mailbox, settings: Any
+) -> None:
+    from apps.compute.actions import check_launch_instance
+    from apps.inventory.models import GPU
+    from apps.telemetry.models import GpuSample
+
+    settings.PORTAL_CULL_WARNING_S = 30
+    now = timezone.now()
+    measured = check_launch_instance(world.team_a, name="measured", profile=world.gpu_1, acting_user=world.alice)
+    unmeasured = check_launch_instance(world.team_a, name="unmeasured", profile=world.gpu_1, acting_user=world.alice)
+    Instance.objects.filter(pk__in=[measured.pk, unmeasured.pk]).update(
+        state=Instance.State.RUNNING, started_at=now - timedelta(hours=3)
+    )
+    Workspace.objects.filter(pk=world.team_a.pk).update(max_idle_s=3600)
+    gpu = GPU.objects.first()
+    sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "instance": measured}
+    GpuSample.objects.create(at=now - timedelta(hours=2), utilisation=80.0, **sample)  # busy two hours ago
+    GpuSample.objects.create(at=now - timedelta(seconds=5), utilisation=1.0, **sample)  # quiet since
+
+    assert cull(now)["idle_warned"] == 1  # the measured one only
+    [mail] = mailbox.wait_for(1)
+    assert mail["Subject"] == "Instance measured will be deleted in 30 s: it is idle"
+    assert "its GPUs have done no work" in body_of(mail)
+    assert Instance.objects.get(pk=measured.pk).state == Instance.State.RUNNING
+    assert cull(now + timedelta(seconds=10))["idle_culled"] == 0  # the warning's time first
+    assert cull(now + timedelta(seconds=31))["idle_culled"] == 1
+    culled = Instance.objects.get(pk=measured.pk)
+    assert culled.state in (Instance.State.DELETING, Instance.State.DELETED)
+    assert culled.stop_reason == "culled: idle for 2 h"
+    untouched = Instance.objects.get(pk=unmeasured.pk)
+    assert untouched.state == Instance.State.RUNNING and untouched.idle_warned_at is None
+
+
+def test_an_instance_whose_gpus_are_busy_is_not_idle(world: World, settings: Any) -> None:
+    from apps.compute.actions import check_launch_instance
+    from apps.inventory.models import GPU
+    from apps.telemetry.models import GpuSample
+
+    now = timezone.now()
+    box = check_launch_instance(world.team_a, name="busy", profile=world.gpu_1, acting_user=world.alice)
+    Instance.objects.filter(pk=box.pk).update(state=Instance.State.RUNNING, started_at=now - timedelta(hours=3))
+    Workspace.objects.filter(pk=world.team_a.pk).update(max_idle_s=3600)
+    GpuSample.objects.create(gpu=GPU.objects.first(), at=now - timedelta(minutes=1), resolution_s=0, utilisation=70.0,
+                             memory_used_mb=1, memory_total_mb=2, instance=box)  # fmt: skip
+    assert cull(now) == {"idle_warned": 0, "idle_culled": 0, "runtime_culled": 0}
