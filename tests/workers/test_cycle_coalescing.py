@@ -14,7 +14,7 @@ from workers import tasks
 @pytest.fixture
 def cycles(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     began: list[float] = []
-    monkeypatch.setattr(tasks, "run_cycle", lambda: began.append(time.time()) or adapter.CycleResult())
+    monkeypatch.setattr(tasks, "timed_cycle", lambda: began.append(time.time()) or adapter.CycleResult())
     monkeypatch.setattr(tasks, "_cycle_began_at", 0.0)
     return began
 
