@@ -459,6 +459,9 @@ PORTAL_WORKLOAD_TRIGGER = env_choice("PORTAL_WORKLOAD_TRIGGER", ("task", "inline
 # Where the local backend keeps each job's directory: logs, artifacts.
 # An admitted job the worker has not started after this long is started by the reconcile loop.
 PORTAL_START_LOST_AFTER_S = env_int("PORTAL_START_LOST_AFTER_S", 30, minimum=1)
+# A job's start that no worker has taken this long after its admission is made by the scheduler
+# loop itself (apps/workloads/host.py): a worker may still run but no longer take work.
+PORTAL_START_UNTAKEN_S = env_int("PORTAL_START_UNTAKEN_S", 60, minimum=1)
 PORTAL_WORK_DIR = Path(env_str("PORTAL_WORK_DIR", str(DATA_DIR / "work")))
 # Tenant isolation of local workloads (docs/security.md). "bwrap": every job replica, instance and
 # notebook runs in a bubblewrap sandbox that sees only its workspace (and, when the portal runs as

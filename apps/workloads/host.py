@@ -343,6 +343,14 @@ def reconcile(*, sweep: bool = True) -> dict[str, int]:
     return counts
 
 
+# The kinds whose starts this loop makes itself once no worker has taken them within
+# `PORTAL_START_UNTAKEN_S` of their admission: a job's start is quick, and a worker may have stopped
+# taking work (its broker restarted under it) while it still runs. An instance's or a notebook's
+# start may wait rightly behind a long environment build on the provisioning worker: those stay
+# the workers'.
+TAKEN_OVER = frozenset({"job"})
+
+
 def _converge_or_send(kind: Kind, pk: int) -> bool:
     """Starts can be slow (a Slurm batch job to run, an environment to build): with a worker they
     go to it, unless one is under way; watching and stopping are done here. True if sent."""
@@ -350,11 +358,23 @@ def _converge_or_send(kind: Kind, pk: int) -> bool:
     if row is None:
         return False
     if kind.phase(row) is Phase.START and settings.PORTAL_WORKLOAD_TRIGGER == "task":
-        if not claims.claim_live(row.start_claim, kind.claim_timeout_s()):
+        if claims.claim_live(row.start_claim, kind.claim_timeout_s()):
+            return True
+        waited = _untaken_for(kind, row)
+        if waited is None or waited < settings.PORTAL_START_UNTAKEN_S:
             request_workload(kind.name, pk)
-        return True
+            return True
+        logger.warning("no worker took the start of %s in %.0f s: starting it here", kind.key(pk), waited)
     converge(kind.name, pk)
     return False
+
+
+def _untaken_for(kind: Kind, row: Any) -> float | None:
+    """How long a start this loop may take over has waited since its admission; None for the others."""
+    admitted = getattr(row, "admitted_at", None)
+    if kind.name not in TAKEN_OVER or admitted is None:
+        return None
+    return (timezone.now() - admitted).total_seconds()
 
 
 def sweep_orphans() -> int:
