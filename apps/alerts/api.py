@@ -143,9 +143,10 @@ def _silence(request: Request, view: Any, obj: Any, do: Any) -> Any:
 
 class AlertRuleViewSet(TenantViewSet):
     """Threshold rules: `queue_wait` (seconds the oldest queued workload has waited), `quota_used`
-    (% of a workspace's nominal GPU quota allocated), and, for platform admins, `node_unhealthy`
-    and `backend_failing` (failures in `window_s`). An alert fires once the condition has held for
-    `for_s`, to `emails` and a signed `webhook_url` (see docs/operations.md)."""
+    (% of a workspace's nominal GPU quota allocated), `gpu_idle` (% measured utilisation of the GPUs
+    a workspace holds, under which they are idle; where GPU telemetry exists), and, for platform
+    admins, `node_unhealthy` and `backend_failing` (failures in `window_s`). An alert fires once the
+    condition has held for `for_s`, to `emails` and a signed `webhook_url` (see docs/operations.md)."""
 
     serializer_class = AlertRuleSerializer
     queryset = AlertRule.objects.all()
