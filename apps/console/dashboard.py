@@ -9,11 +9,14 @@ from typing import Any
 from django.core.paginator import Paginator
 from django.db.models import Count, F, Prefetch, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
 
 from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster
 from apps.jobs.models import Job
-from apps.telemetry.record import latest
+from apps.telemetry.models import GpuSample
+from apps.telemetry.record import WINDOWS as SAMPLE_WINDOWS
+from apps.telemetry.record import latest, utilisation_series
 from apps.web.common import admin_only, is_fragment, page
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, quota_use
 from apps.workspaces.models import Workspace
@@ -121,3 +124,31 @@ def inventory(request: HttpRequest) -> HttpResponse:
         gpu.measured = measured.get(gpu.pk)  # type: ignore[attr-defined]
     context = {"clusters": clusters, "page_obj": page_obj, "live_workspaces": []}
     return page(request, "console/inventory.html", context)
+
+
+@admin_only
+def gpu_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One GPU: what it is, who holds it, and its measured utilisation over a window, or "no
+    telemetry" where nothing measures it."""
+    gpu = get_object_or_404(GPU.objects.select_related("node__pool__cluster"), pk=pk)
+    window = request.GET.get("window", "24h")
+    context = {
+        "gpu": gpu,
+        "measured": latest([gpu]).get(gpu.pk),
+        "has_telemetry": GpuSample.objects.filter(gpu=gpu).exists(),
+        "windows": list(SAMPLE_WINDOWS),
+        "window": window if window in SAMPLE_WINDOWS else "24h",
+        "live_workspaces": [],
+    }
+    return page(request, "console/gpu.html", context)
+
+
+@admin_only
+def gpu_samples(request: HttpRequest, pk: int) -> JsonResponse:
+    """The GPU's utilisation over the window, for its chart."""
+    gpu = get_object_or_404(GPU, pk=pk)
+    window = request.GET.get("window", "24h")
+    series = utilisation_series(GpuSample.objects.filter(gpu=gpu), window if window in SAMPLE_WINDOWS else "24h")
+    if series is None:
+        return JsonResponse({"labels": [], "series": {}, "telemetry": False})
+    return JsonResponse(series.as_json(telemetry=True, suffix="", y_title="GPU utilisation (%)", y_max=100, digits=0))

@@ -260,3 +260,28 @@ def test_the_dashboard_chart_puts_what_was_measured_busy_beside_what_was_held(
     [busy] = data["measured"].values()
     assert list(data["measured"]) == ["h100"] and len(busy) == len(data["labels"])
     assert busy[-1] == pytest.approx(1.2) and busy[0] is None  # 0.8 + 0.4 GPUs' worth, now; unmeasured before
+
+
+def test_a_gpus_console_page_charts_what_it_measured_and_says_when_nothing_does(
+    world: World, gpu_cluster: Cluster
+) -> None:
+    admin = Client()
+    admin.force_login(world.admin)
+    declared = GPU.objects.get(node__pool__cluster__name="local", index=0)
+    page = admin.get(f"/console/inventory/gpus/{declared.pk}/").content.decode()
+    assert "No telemetry: nothing measures this GPU now" in page and "data-chart-url" not in page
+    assert admin.get(f"/console/inventory/gpus/{declared.pk}/samples.json").json()["telemetry"] is False
+
+    sample()
+    measured = GPU.objects.get(uuid="GPU-aaaa")
+    page = admin.get(f"/console/inventory/gpus/{measured.pk}/").content.decode()
+    assert "87 %" in page and f'data-chart-url="/console/inventory/gpus/{measured.pk}/samples.json?window=24h"' in page
+    chart = admin.get(f"/console/inventory/gpus/{measured.pk}/samples.json?window=1h").json()
+    [values] = chart["series"].values()
+    assert chart["telemetry"] is True and [v for v in values if v is not None] == [87.0]
+    assert f'href="/console/inventory/gpus/{measured.pk}/"' in admin.get("/console/inventory/").content.decode()
+    member = Client()
+    member.force_login(world.alice)
+    assert member.get(f"/console/inventory/gpus/{measured.pk}/").status_code == 403
+    assert member.get(f"/console/inventory/gpus/{measured.pk}/samples.json").status_code == 403
+    assert admin.get("/console/inventory/gpus/987654/").status_code == 404
