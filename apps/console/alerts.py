@@ -118,25 +118,23 @@ def _until(request: HttpRequest) -> Any:
 @require_POST
 def alert_silence(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(Alert.objects.select_related("rule__workspace"), pk=pk)
-    try:
-        until = _until(request)
-    except ActionError as exc:
-        messages.error(request, exc.message)
-        return redirect("console:alerts")
-    actions.do_silence_alert(alert, until, **action_kwargs(request))
-    messages.success(request, f"Alert {alert} silenced." if until else f"Alert {alert} no longer silenced.")
-    return redirect("console:alerts")
+    return _silence(request, alert, f"Alert {alert}", actions.do_silence_alert)
 
 
 @admin_only
 @require_POST
 def rule_silence(request: HttpRequest, pk: int) -> HttpResponse:
     rule = get_object_or_404(AlertRule.objects.select_related("workspace"), pk=pk)
+    return _silence(request, rule, f"Rule {rule.name}", actions.do_silence_rule)
+
+
+def _silence(request: HttpRequest, target: Any, name: str, do: Any) -> HttpResponse:
+    """Silence an alert or a rule for the time the form asks (0: lift it), back on the alerts page."""
     try:
         until = _until(request)
     except ActionError as exc:
         messages.error(request, exc.message)
         return redirect("console:alerts")
-    actions.do_silence_rule(rule, until, **action_kwargs(request))
-    messages.success(request, f"Rule {rule.name} silenced." if until else f"Rule {rule.name} no longer silenced.")
+    do(target, until, **action_kwargs(request))
+    messages.success(request, f"{name} silenced." if until else f"{name} no longer silenced.")
     return redirect("console:alerts")

@@ -12,7 +12,8 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -22,6 +23,7 @@ from apps.audit.actions import Origin
 from apps.audit.models import AuditEvent
 from apps.compute.models import Collaborator, Instance
 from apps.errors import ActionError
+from apps.invitations import actions as invitations
 from apps.workspaces.access import CHANGE, VIEW, can, may, restrict
 from apps.workspaces.models import Workspace
 
@@ -191,3 +193,24 @@ def sent_message(invitation: Any, done: str) -> str:
     if invitation.send_error:
         return f"{done}, but the mail could not be sent ({invitation.send_error}): send it again later."
     return f"{done}; the link is in the mail."
+
+
+def posted_email(request: HttpRequest, errors: Errors) -> str | None:
+    """The form's `email`, or None with the field's error."""
+    email = request.POST.get("email", "").strip()
+    try:
+        validate_email(email)
+    except ValidationError:
+        errors["email"] = ["Give an email address, such as dana@example.org."]
+        return None
+    return email
+
+
+def resend_or_withdraw(request: HttpRequest, invitation: Any, what: str) -> str:
+    """Send a waiting invitation again ("resend") or withdraw it; the message to show. Refusals
+    are the actions' (ActionError)."""
+    if what == "resend":
+        again = invitations.do_resend(invitation, base_url=request.build_absolute_uri("/"), **action_kwargs(request))
+        return sent_message(again, f"The invitation of {invitation.email} was sent again, with a new link")
+    invitations.do_withdraw(invitation, **action_kwargs(request))
+    return f"The invitation of {invitation.email} was withdrawn: its link no longer works."

@@ -7,9 +7,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.core.validators import validate_email
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -31,7 +30,9 @@ from apps.web.common import (
     is_member,
     may_change,
     page,
+    posted_email,
     refused,
+    resend_or_withdraw,
     sent_message,
     serializer_context,
     shared_for,
@@ -212,11 +213,8 @@ def _collaborator_change(request: HttpRequest, instance: Instance, errors: Error
     base_url = request.build_absolute_uri("/")
     try:
         if what == "invite":
-            email = request.POST.get("email", "").strip()
-            try:
-                validate_email(email)
-            except ValidationError:
-                errors["email"] = ["Give an email address, such as dana@example.org."]
+            email = posted_email(request, errors)
+            if email is None:
                 return None
             invited = invitations.do_invite(
                 instance.workspace,
@@ -230,11 +228,7 @@ def _collaborator_change(request: HttpRequest, instance: Instance, errors: Error
             return sent_message(invited, f"{email} was invited to {instance.name}, {_access_label(access)}")
         if what in ("resend", "withdraw"):
             invitation = get_object_or_404(Invitation, pk=request.POST.get("invitation") or 0, instance=instance)
-            if what == "resend":
-                again = invitations.do_resend(invitation, base_url=base_url, **action_kwargs(request))
-                return sent_message(again, f"The invitation of {invitation.email} was sent again, with a new link")
-            invitations.do_withdraw(invitation, **action_kwargs(request))
-            return f"The invitation of {invitation.email} was withdrawn: its link no longer works."
+            return resend_or_withdraw(request, invitation, what)
         collaborator = get_object_or_404(Collaborator, pk=request.POST.get("collaborator") or 0, instance=instance)
         name = collaborator.user.get_username()
         if what == "access":

@@ -7,15 +7,22 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
 from apps.errors import ActionError
 from apps.invitations import actions as invitations
 from apps.invitations.models import Invitation
-from apps.web.common import Errors, action_kwargs, page, sent_message, signed_in, workspace_for
+from apps.web.common import (
+    Errors,
+    action_kwargs,
+    page,
+    posted_email,
+    resend_or_withdraw,
+    sent_message,
+    signed_in,
+    workspace_for,
+)
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, can
 from apps.workspaces.models import Membership, Role, Workspace
@@ -59,22 +66,15 @@ def _invitation_change(request: HttpRequest, workspace: Workspace, what: str, ro
     base_url = request.build_absolute_uri("/")
     try:
         if what == "invite":
-            email = request.POST.get("email", "").strip()
-            try:
-                validate_email(email)
-            except ValidationError:
-                errors["email"] = ["Give an email address, such as dana@example.org."]
+            email = posted_email(request, errors)
+            if email is None:
                 return None
             done = invitations.do_invite(workspace, email, role, base_url=base_url, **action_kwargs(request))
             return sent_message(done, f"{email} was invited to {workspace.name} as {Role(role).label.lower()}")
         invitation = get_object_or_404(
             Invitation, pk=request.POST.get("invitation") or 0, workspace=workspace, instance__isnull=True
         )
-        if what == "resend":
-            done = invitations.do_resend(invitation, base_url=base_url, **action_kwargs(request))
-            return sent_message(done, f"The invitation of {invitation.email} was sent again, with a new link")
-        invitations.do_withdraw(invitation, **action_kwargs(request))
-        return f"The invitation of {invitation.email} was withdrawn: its link no longer works."
+        return resend_or_withdraw(request, invitation, what)
     except ActionError as exc:
         errors[exc.field if what == "invite" and exc.field else "form"] = [exc.message]
         return None

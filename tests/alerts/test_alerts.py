@@ -366,6 +366,12 @@ def test_the_console_page(world: World) -> None:
     assert admin.post(f"/console/alerts/{alert.pk}/silence/", {"for_s": "3600"}).status_code == 302
     alert.refresh_from_db()
     assert alert.silenced_until is not None
+    assert admin.post(f"/console/alerts/rules/{rule.pk}/silence/", {"for_s": "600"}).status_code == 302
+    rule.refresh_from_db()
+    assert rule.silenced_until is not None
+    assert admin.post(f"/console/alerts/rules/{rule.pk}/silence/", {"for_s": "0"}).status_code == 302
+    rule.refresh_from_db()
+    assert rule.silenced_until is None
     bad = admin.post(f"/console/alerts/rules/{rule.pk}/", {"name": "waits", "kind": "queue_wait",
                                                             "threshold": "-3", "workspace": "team-a"})  # fmt: skip
     assert bad.status_code == 400
