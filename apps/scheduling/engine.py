@@ -381,12 +381,9 @@ class Engine:
         if workload.replica_units == 0:
             self._admit(workload, None, [], 0, decisions)
             return "", ""
-        held = self.held_quota.get((workload.workspace, workload.gpu_type))
-        if held is not None and held[0] != workload.key and not self._ends_by(workload, held[1]):
-            return "held", (
-                f"waiting behind gang {held[0]}: it has waited longest, and workspace {workload.workspace}'s "
-                f"{workload.gpu_type} quota goes to it first"
-            )
+        held = self._held_for_another(workload)
+        if held:
+            return "held", held
         units = workload.units
         fits, borrowed, reason = (True, 0, "") if self.shared else self.ledger.check(workload, units)
         if not fits:
@@ -400,6 +397,17 @@ class Engine:
             return "placement", self._shortage(workload)
         self._admit(workload, found[0], found[1], borrowed, decisions)
         return "", ""
+
+    def _held_for_another(self, workload: Workload) -> str:
+        """Why the workload may not take its workspace's quota, which a starving gang is owed first
+        (see _hold_for); "" if it may."""
+        held = self.held_quota.get((workload.workspace, workload.gpu_type))
+        if held is None or held[0] == workload.key or self._ends_by(workload, held[1]):
+            return ""
+        return (
+            f"waiting behind gang {held[0]}: it has waited longest, and workspace {workload.workspace}'s "
+            f"{workload.gpu_type} quota goes to it first"
+        )
 
     def _unplaceable(self, workload: Workload) -> bool:
         """Whether a shape no larger than the workload's found no placement earlier in this pass. Each
@@ -419,11 +427,13 @@ class Engine:
         """`_try_admit`, remembering in `blocked` the fewest GPUs of a type each workspace's quota refused
         in this pass: within a pass use only grows until evictions, which clear `blocked`, so as many or
         more are refused too. Without explain (`quick`), such a workload is refused at once, with that
-        refusal's reason."""
+        refusal's reason, unless a starving gang is owed its quota: then it is "held", as `_try_admit`
+        says (which no eviction changes)."""
         known = blocked.get((workload.workspace, workload.gpu_type))
         units = workload.units
         if quick and known is not None and units >= known[0]:
-            return "quota", known[1]
+            held = self._held_for_another(workload)
+            return ("held", held) if held else ("quota", known[1])
         kind, reason = self._try_admit(workload, decisions)
         if kind == "quota" and (known is None or units < known[0]):
             blocked[workload.workspace, workload.gpu_type] = (units, reason)
