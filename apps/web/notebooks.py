@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.catalog.models import NotebookProfile
@@ -29,6 +30,7 @@ from apps.web.common import (
     validated,
     workspace_for,
 )
+from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE, USE, may, restrict
 from apps.workspaces.models import Workspace
 
@@ -129,7 +131,11 @@ def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     }
     if not member:  # a collaborator's page hears its instance alone
         context["live_workspaces"] = [f"instance:{notebook.instance_id}"]
-    template = "web/notebooks/_status.html" if is_fragment(request) else "web/notebooks/detail.html"
+    fragment = is_fragment(request)
+    if not fragment and notebook.instance.gpus_per_replica:
+        url = reverse("web:notebook-gpu", kwargs={"ws": workspace.name, "pk": notebook.pk})
+        context.update(gpu_panel(instance_id=notebook.instance_id, url=url))
+    template = "web/notebooks/_status.html" if fragment else "web/notebooks/detail.html"
     return page(request, template, context)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from apps.compute.models import Instance
+from apps.compute.models import Instance, Notebook
 from apps.jobs.models import Job
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import WINDOWS, utilisation_series
@@ -47,3 +47,10 @@ def job_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
 def instance_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
     _workspace, instance = shared_for(request, ws, Instance.objects.select_related("workspace"), pk)
     return _answer(request, instance=instance)
+
+
+@signed_in
+def notebook_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
+    """A notebook's GPUs are its instance's: the same samples, to whoever may see the notebook."""
+    _workspace, notebook = shared_for(request, ws, Notebook.objects.select_related("workspace"), pk)
+    return _answer(request, instance_id=notebook.instance_id)

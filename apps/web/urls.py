@@ -46,6 +46,7 @@ urlpatterns = [
     path("w/<str:ws>/notebooks/", notebooks.notebook_list, name="notebooks"),
     path("w/<str:ws>/notebooks/new/", notebooks.notebook_new, name="notebook-new"),
     path("w/<str:ws>/notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),
+    path("w/<str:ws>/notebooks/<int:pk>/gpu.json", telemetry.notebook_gpu, name="notebook-gpu"),
     path("w/<str:ws>/notebooks/<int:pk>/delete/", notebooks.notebook_delete, name="notebook-delete"),
     path("w/<str:ws>/notebooks/<int:pk>/start/", notebooks.notebook_start, name="notebook-start"),
     path("w/<str:ws>/jobs/", jobs.job_list, name="jobs"),

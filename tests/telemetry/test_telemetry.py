@@ -16,6 +16,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from apps.compute.models import Instance, Notebook
 from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
 from apps.jobs.actions import check_submit_job
 from apps.telemetry.collectors import DcgmCollector, NoTelemetry, NvmlCollector, collector_for
@@ -224,6 +225,45 @@ def test_a_jobs_page_charts_its_gpus_and_says_no_telemetry_without_samples(world
     charlie = Client()
     charlie.force_login(world.charlie)
     assert charlie.get(f"/w/team-a/jobs/{job.pk}/gpu.json").status_code == 404
+
+
+def test_a_notebooks_page_charts_its_instances_gpus_to_those_who_may_see_it(world: World, gpu_cluster: Cluster) -> None:
+    instance = Instance.objects.create(
+        workspace=world.team_a, name="box", profile=world.gpu_1, gpu_type="h100", gpus_per_replica=Decimal(1)
+    )
+    notebook = Notebook.objects.create(workspace=world.team_a, instance=instance, name="nb", profile=world.minimal)
+    bob = Client()
+    bob.force_login(world.bob)
+    page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
+    assert "No telemetry: the GPUs it holds report no measurements here" in page
+
+    gpu = GPU.objects.get(uuid="GPU-bbbb")
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        [
+            GpuSample(
+                gpu=gpu,
+                at=now - timedelta(seconds=10 * i),
+                resolution_s=0,
+                utilisation=40.0,
+                memory_used_mb=1,
+                memory_total_mb=2,
+                instance=instance,
+                workspace=world.team_a,
+            )
+            for i in range(6)
+        ]  # fmt: skip
+    )
+    page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
+    assert f'data-chart-url="/w/team-a/notebooks/{notebook.pk}/gpu.json?window=1h"' in page
+    chart = bob.get(f"/w/team-a/notebooks/{notebook.pk}/gpu.json").json()
+    assert chart["telemetry"] is True
+    assert {v for values in chart["series"].values() for v in values if v is not None} == {40.0}
+    # Another tenant's notebook, or one named under the tenant's own workspace: not found.
+    charlie = Client()
+    charlie.force_login(world.charlie)
+    assert charlie.get(f"/w/team-a/notebooks/{notebook.pk}/gpu.json").status_code == 404
+    assert charlie.get(f"/w/team-b/notebooks/{notebook.pk}/gpu.json").status_code == 404
 
 
 def test_the_inventory_and_the_metrics_show_what_is_measured_and_nothing_where_nothing_is(

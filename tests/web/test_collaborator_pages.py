@@ -31,6 +31,7 @@ REACHABLE = {
     "instance-kubeconfig": ("instance", "write"),
     "instance-gpu": ("instance", "read"),
     "notebook": ("notebook", "read"),
+    "notebook-gpu": ("notebook", "read"),
     "notebook-delete": ("notebook", "write"),
     "notebook-new": (None, "write"),
 }
