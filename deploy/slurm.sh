@@ -295,7 +295,7 @@ KillWait=5
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
-AccountingStorageTRES=gres/gpu
+AccountingStorageTRES=gres/gpu,gres/gpumem,gres/gpuutil
 JobCompType=jobcomp/none
 $comm_params
 NodeName=$NODE_RANGE NodeHostname=$host NodeAddr=127.0.0.1 Port=$NODE_PORTS CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$GPU_TYPE:$GPUS_PER_NODE State=UNKNOWN

@@ -19,7 +19,15 @@ from django.utils import timezone
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import GPU, Allocation, Cluster, Node, NodePool
 from apps.jobs.actions import check_submit_job
-from apps.telemetry.collectors import DcgmCollector, NoTelemetry, NvmlCollector, collector_for
+from apps.telemetry.collectors import (
+    DcgmCollector,
+    NoTelemetry,
+    NvmlCollector,
+    SlurmCollector,
+    StepUsage,
+    collector_for,
+    parse_sstat,
+)
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import fold, latest, sample
 from tests.personas import World
@@ -137,6 +145,66 @@ def test_the_dcgm_exporter_is_read_over_http_and_stored_with_who_held_each_gpu(
     exporter.down = True
     assert sample() == 0
     assert latest(GPU.objects.all(), now=timezone.now() + timedelta(minutes=5)) == {}
+
+
+# What `sstat -a -n -P --format=JobID,TRESUsageInTot` prints on a cluster whose slurmd gathers GPU
+# usage (gres.conf AutoDetect=nvml): job 41 has two steps running, job 42 one, and job 43's step
+# has no GPU figures (a cluster that does not gather them prints none, as deploy/slurm.sh's does).
+SSTAT_TEXT = """\
+41.batch|cpu=00:00:01,energy=0,fs/disk=2048,gres/gpumem=0,gres/gpuutil=0,mem=10292K,pages=0,vmem=219236K
+41.0|cpu=00:10:00,energy=0,fs/disk=6977,gres/gpumem=3G,gres/gpuutil=150,mem=1652K,pages=0,vmem=2920K
+42.0|cpu=00:01:00,energy=0,gres/gpumem=512M,gres/gpuutil=7,mem=1652K
+43.batch|cpu=00:00:00,energy=0,fs/disk=28900,mem=10292K,pages=0,vmem=219236K
+"""
+
+
+def test_sstats_gpu_figures_are_added_up_per_job_and_a_step_without_them_gives_none() -> None:
+    assert parse_sstat(SSTAT_TEXT) == {"41": StepUsage(150.0, 3 * 1024**3), "42": StepUsage(7.0, 512 * 1024**2)}
+    assert parse_sstat("") == parse_sstat("sstat: error: No steps running for job 9\n") == {}
+    assert parse_sstat("44.0|gres/gpuutil=12,gres/gpumem=oops") == {"44": StepUsage(12.0, 0)}
+
+
+def test_a_slurm_clusters_readings_give_each_device_its_jobs_mean(world: World, tmp_path: Any) -> None:
+    """The mapping from Slurm's per-job figures to the devices each job holds. `sstat` here is a
+    stand-in printing a GPU-gathering cluster's answer (this machine has no GPU for slurmd to
+    measure); tests/slurm/test_telemetry.py reads the real Slurm's."""
+    cluster = Cluster.objects.create(name="hpc", kind=Cluster.Kind.SLURM, connection={"partition": "gpu"})
+    pool = NodePool.objects.create(cluster=cluster, name="gpu")
+    gpus = {
+        (node, index): GPU.objects.create(
+            node=Node.objects.get_or_create(pool=pool, name=node)[0], index=index, gpu_type="h100", memory_mb=81920
+        )
+        for node in ("node1", "node2")
+        for index in (0, 1)
+    }
+    gang = check_submit_job(world.team_a, name="gang", command="true", acting_user=world.bob)
+    single = check_submit_job(world.team_b, name="one", command="true", acting_user=world.charlie)
+    quiet = check_submit_job(world.team_a, name="quiet", command="true", acting_user=world.bob)
+    for job, slurm_id, places in ((gang, 41, [("node1", 0), ("node2", 0)]), (single, 42, [("node1", 1)]),
+                                  (quiet, 43, [("node2", 1)])):  # fmt: skip
+        job.backend_state = {"job_id": str(slurm_id)}
+        job.save(update_fields=["backend_state"])
+        for replica, place in enumerate(places):
+            Allocation.objects.create(gpu=gpus[place], fraction=Decimal(1), job=job, replica=replica)
+    asked = tmp_path / "asked"
+    stand_in = tmp_path / "sstat"
+    stand_in.write_text(f"#!/bin/sh\necho \"$@\" > {asked}\ncat <<'EOF'\n{SSTAT_TEXT}EOF\n")
+    stand_in.chmod(0o755)
+
+    readings = SlurmCollector(cluster, sstat_path=str(stand_in)).readings()
+
+    assert asked.read_text().split() == ["-a", "-n", "-P", "--format=JobID,TRESUsageInTot", "-j", "41,42,43"]
+    assert sorted((r.node, r.index, r.utilisation, r.memory_used_mb, r.memory_total_mb) for r in readings) == [
+        ("node1", 0, 75.0, 1536, 81920),
+        ("node1", 1, 7.0, 512, 81920),
+        ("node2", 0, 75.0, 1536, 81920),
+    ]  # job 43 gathered nothing: its device has no reading, not a zero
+    assert isinstance(collector_for(cluster), SlurmCollector)
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\necho 'sstat: error: slurmctld down' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(NoTelemetry, match="slurmctld down"):
+        SlurmCollector(cluster, sstat_path=str(failing)).readings()
 
 
 def test_samples_are_folded_into_minutes_then_hours_then_dropped(world: World, gpu_cluster: Cluster) -> None:
