@@ -254,6 +254,16 @@ def test_samples_are_folded_into_minutes_then_hours_then_dropped(world: World, g
     assert GpuSample.objects.count() == 3
 
 
+def _recent_samples(gpu: GPU, count: int, utilisation: float, **holder: Any) -> None:
+    """`count` samples of `gpu` 10 s apart up to now, held by `holder` (job= or instance=, workspace=)."""
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, at=now - timedelta(seconds=10 * i), resolution_s=0, utilisation=utilisation,
+                  memory_used_mb=1, memory_total_mb=2, **holder)
+        for i in range(count)
+    )  # fmt: skip
+
+
 def test_a_jobs_page_charts_its_gpus_and_says_no_telemetry_without_samples(world: World, gpu_cluster: Cluster) -> None:
     job = check_submit_job(
         world.team_a, name="train", command="true", gpu_type="h100", gpus_per_replica=Decimal(1), acting_user=world.bob
@@ -265,23 +275,7 @@ def test_a_jobs_page_charts_its_gpus_and_says_no_telemetry_without_samples(world
     empty = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
     assert empty["telemetry"] is False and empty["series"] == {}
 
-    gpu = GPU.objects.get(uuid="GPU-aaaa")
-    now = timezone.now()
-    GpuSample.objects.bulk_create(
-        [
-            GpuSample(
-                gpu=gpu,
-                at=now - timedelta(seconds=10 * i),
-                resolution_s=0,
-                utilisation=80.0,
-                memory_used_mb=1,
-                memory_total_mb=2,
-                job=job,
-                workspace=world.team_a,
-            )
-            for i in range(30)
-        ]  # fmt: skip
-    )
+    _recent_samples(GPU.objects.get(uuid="GPU-aaaa"), 30, 80.0, job=job, workspace=world.team_a)
     page = bob.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
     assert f'data-chart-url="/w/team-a/jobs/{job.pk}/gpu.json?window=1h"' in page and "chart.umd" in page
     chart = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
@@ -305,23 +299,7 @@ def test_a_notebooks_page_charts_its_instances_gpus_to_those_who_may_see_it(worl
     page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
     assert "No telemetry: the GPUs it holds report no measurements here" in page
 
-    gpu = GPU.objects.get(uuid="GPU-bbbb")
-    now = timezone.now()
-    GpuSample.objects.bulk_create(
-        [
-            GpuSample(
-                gpu=gpu,
-                at=now - timedelta(seconds=10 * i),
-                resolution_s=0,
-                utilisation=40.0,
-                memory_used_mb=1,
-                memory_total_mb=2,
-                instance=instance,
-                workspace=world.team_a,
-            )
-            for i in range(6)
-        ]  # fmt: skip
-    )
+    _recent_samples(GPU.objects.get(uuid="GPU-bbbb"), 6, 40.0, instance=instance, workspace=world.team_a)
     page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
     assert f'data-chart-url="/w/team-a/notebooks/{notebook.pk}/gpu.json?window=1h"' in page
     chart = bob.get(f"/w/team-a/notebooks/{notebook.pk}/gpu.json").json()
