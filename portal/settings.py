@@ -201,7 +201,11 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                # Portals sharing one Redis keep their live updates apart by it.
+                "prefix": env_str("PORTAL_CHANNELS_PREFIX", "asgi"),
+            },
         }
     }
 else:

@@ -28,6 +28,24 @@ def _scheduler_runs_inline(settings: Any) -> None:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_channel_names() -> None:
+    """Each test process its own Channels names in the shared Redis (PORTAL_CHANNELS_PREFIX, which
+    the portals it starts inherit): processes number their workspaces and instances alike, and one's
+    live updates must not reach another's sockets."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    from channels.layers import channel_layers
+    from django.conf import settings
+
+    os.environ["PORTAL_CHANNELS_PREFIX"] = prefix = f"asgi-{worker}"
+    config = settings.CHANNEL_LAYERS["default"].get("CONFIG")
+    if config is not None and "prefix" in config:
+        config["prefix"] = prefix
+        channel_layers.backends.clear()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_reconcile_backoff() -> None:
     from apps.scheduling.backoff import RECONCILE
