@@ -61,6 +61,12 @@ class AlertRule(models.Model):
         return self.name
 
     @property
+    def unit(self) -> str:
+        """What its threshold and its alerts' values are in, short, for the pages: "s", "%", ..."""
+        return {self.Kind.QUEUE_WAIT: " s", self.Kind.QUOTA_USED: " %", self.Kind.GPU_IDLE: " %",
+                self.Kind.BACKEND_FAILING: " failures"}.get(self.kind, "")  # fmt: skip
+
+    @property
     def channels(self) -> list[str]:
         return [name for name, on in (("email", bool(self.emails)), ("webhook", bool(self.webhook_url))) if on]
 

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from apps.web import (
+    alerts,
     cli_login,
     dashboard,
     home,
@@ -55,4 +56,7 @@ urlpatterns = [
     path("w/<str:ws>/jobs/<int:pk>/gpu.json", telemetry.job_gpu, name="job-gpu"),
     path("w/<str:ws>/jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("w/<str:ws>/members/", members.members, name="members"),
+    path("w/<str:ws>/alerts/", alerts.alert_list, name="alerts"),
+    path("w/<str:ws>/alerts/rules/new/", alerts.rule_edit, name="alert-rule-new"),
+    path("w/<str:ws>/alerts/rules/<int:pk>/", alerts.rule_edit, name="alert-rule"),
 ]
