@@ -1,6 +1,11 @@
 """The cost of GPU telemetry: a sample of a 1,000-GPU cluster, and the storage a GPU costs a day.
 
     DATABASE_URL=postgres://... .venv/bin/python bench/telemetry.py [--gpus 1000] [--rounds 20]
+    DATABASE_URL=postgres://... .venv/bin/python bench/telemetry.py --source nvml [--rounds 20]
+
+With `--source nvml` (on a machine with NVIDIA GPUs and their driver) it times the local backend's
+collector instead: NVML's readings of this machine's GPUs alone, and a whole sample (read, match,
+store) of a local cluster holding them; it says so and stops where NVML cannot be read.
 
 Makes a throwaway database (test_<name>) on the DATABASE_URL server with a Kubernetes cluster of
 `--gpus` H100 (8 a node), a DCGM exporter on loopback serving their metrics in its text format,
@@ -72,8 +77,54 @@ def serve(text: str) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
+def nvml(rounds: int) -> dict[str, Any]:
+    """This machine's GPUs through NVML: the readings alone, then whole samples of a local cluster."""
+    from apps.inventory.models import GPU, Cluster, Node, NodePool
+    from apps.telemetry.collectors import NvmlCollector
+    from apps.telemetry.record import sample
+
+    collector = NvmlCollector()
+    first = collector.readings()  # NoTelemetry where there is no driver: the caller says so
+    reads = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        collector.readings()
+        reads.append(time.perf_counter() - began)
+    cluster = Cluster.objects.create(name="bench-local", kind=Cluster.Kind.LOCAL)
+    node = Node.objects.create(pool=NodePool.objects.create(cluster=cluster, name="local"), name="local")
+    for r in first:
+        GPU.objects.create(node=node, index=r.index, uuid=r.uuid, gpu_type="gpu", memory_mb=r.memory_total_mb)
+    sample()  # warm
+    samples = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        assert sample() == len(first)
+        samples.append(time.perf_counter() - began)
+    return {
+        "source": "nvml",
+        "gpus": len(first),
+        "rounds": rounds,
+        "readings_p50_s": round(statistics.median(reads), 5),
+        "sample_p50_s": round(statistics.median(samples), 5),
+        "sample_max_s": round(max(samples), 5),
+        "per_gpu_ms": round(statistics.median(samples) / max(1, len(first)) * 1000, 3),
+        "readings": [
+            {
+                "index": r.index,
+                "utilisation": r.utilisation,
+                "memory_used_mb": r.memory_used_mb,
+                "memory_total_mb": r.memory_total_mb,
+                "temperature_c": r.temperature_c,
+                "power_w": r.power_w,
+            }
+            for r in first
+        ],  # fmt: skip
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", choices=("dcgm", "nvml"), default="dcgm")
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--json", type=Path)
@@ -82,6 +133,18 @@ def main() -> int:
         print("Set DATABASE_URL to a PostgreSQL server (a throwaway database is made there).", file=sys.stderr)
         return 2
     setup_test_environment()
+    if args.source == "nvml":
+        from apps.telemetry.collectors import NoTelemetry
+
+        name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+        try:
+            result = nvml(args.rounds)
+        except NoTelemetry as exc:
+            print(f"No NVML figures on this machine: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            connection.creation.destroy_test_db(name, verbosity=0)
+        return report(result, args.json)
     name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     server, url = serve(exporter_text(args.gpus))
     try:
@@ -111,6 +174,7 @@ def main() -> int:
         per_row = size / rows
         raw_day, minutes_day, hours_day = 86400 / 10, 1440, 24
         result = {
+            "source": "dcgm",
             "gpus": args.gpus,
             "rounds": args.rounds,
             "sample_p50_s": round(statistics.median(times), 4),
@@ -124,10 +188,14 @@ def main() -> int:
     finally:
         server.shutdown()
         connection.creation.destroy_test_db(name, verbosity=0)
+    return report(result, args.json)
+
+
+def report(result: dict[str, Any], path: Path | None) -> int:
     print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
     return 0
 
 
