@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from apps.alerts import actions
 from apps.alerts.models import Alert, AlertRule
 from apps.api.fields import WorkspaceField
+from apps.api.filters import IdFilter
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import TenantViewSet
 from apps.audit.actions import Origin
@@ -245,7 +246,7 @@ class AlertSerializer(serializers.ModelSerializer):
 
 
 class AlertFilter(filters.FilterSet):
-    rule = filters.NumberFilter(field_name="rule_id")
+    rule = IdFilter(field_name="rule_id")
 
     class Meta:
         model = Alert

@@ -47,6 +47,15 @@ class ComputeProfileSerializer(ProfileSerializer):
 
 
 class NotebookProfileSerializer(ProfileSerializer):
+    # An image reference has no white space: one of spaces alone is refused as what it is, not trimmed
+    # to a blank.
+    image = serializers.RegexField(
+        r"^[^\s\x00]+$",
+        max_length=300,
+        trim_whitespace=False,
+        help_text="Container image for the Kubernetes backend (registry/name:tag).",
+        error_messages={"invalid": "An image reference has no spaces, such as quay.io/jupyter/minimal-notebook."},
+    )
     python_packages = serializers.ListField(child=serializers.CharField(max_length=200), max_length=200, required=False)
 
     class Meta:

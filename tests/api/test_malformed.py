@@ -318,6 +318,8 @@ FIELD_ERRORS = [
     ("alice", "memberships", {"workspace": "team-a", "user": "nobody"}, "user"),
     ("admin", "compute-profiles", {"name": "p", "gpu_type": "h100", "gpu_count": "1.5"}, "gpu_count"),
     ("admin", "compute-profiles", {"name": "p", "gpu_count": "1"}, "gpu_type"),
+    ("admin", "notebook-profiles", {"name": "p", "image": "   "}, "image"),
+    ("admin", "notebook-profiles", {"name": "p", "image": "quay.io/jupyter/minimal notebook"}, "image"),
     ("admin", "quotas", {"workspace": "team-a", "gpu_type": "H 100", "gpus": "1"}, "gpu_type"),
     ("admin", "quotas", {"workspace": "team-a", "gpu_type": "a100", "gpus": "-1"}, "gpus"),
     ("admin", "users", {"username": "eve", "password": "123"}, "password"),
