@@ -39,5 +39,5 @@ PORTAL_ENV=production SECRET_KEY="$(head -c 48 /dev/urandom | base64)" ALLOWED_H
 echo "== tests"
 "$PY" -m pytest -n 2 --ignore=tests/browser "$@"
 
-echo "== browser tests (Chromium against the live portal; a process of their own)"
-"$PY" -m pytest tests/browser
+echo "== browser tests (Chromium against live portals; two test processes of their own)"
+"$PY" -m pytest -n 2 tests/browser

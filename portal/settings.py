@@ -153,6 +153,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Redis, Celery, Channels ----------------------------------------------------------------
 REDIS_URL = env_secret("REDIS_URL")
 # The embedded broker: kombu's filesystem transport with atomic writes (portal/broker.py).
+# What this portal's keys in Redis (its Celery queues, its Channels names) start with: portals that
+# share one Redis database each take their own.
+REDIS_PREFIX = env_str("PORTAL_REDIS_PREFIX", "")
 CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL) or "atomicfs://localhost//"
 _FILE_BROKER = CELERY_BROKER_URL.startswith(("atomicfs://", "filesystem://"))
 if PRODUCTION and _FILE_BROKER:
@@ -175,6 +178,9 @@ if _FILE_BROKER:
     CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
 else:
     CELERY_RESULT_BACKEND = env_secret("CELERY_RESULT_BACKEND", REDIS_URL) or None
+    if REDIS_PREFIX and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        # Portals sharing one Redis database keep their queues apart by it.
+        CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_PREFIX}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -203,8 +209,8 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
-                # Portals sharing one Redis keep their live updates apart by it.
-                "prefix": env_str("PORTAL_CHANNELS_PREFIX", "asgi"),
+                # Portals sharing one Redis database keep their live updates apart by it.
+                "prefix": f"{REDIS_PREFIX}asgi",
             },
         }
     }

@@ -29,21 +29,25 @@ def _scheduler_runs_inline(settings: Any) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _own_channel_names() -> None:
-    """Each test process its own Channels names in the shared Redis (PORTAL_CHANNELS_PREFIX, which
-    the portals it starts inherit): processes number their workspaces and instances alike, and one's
-    live updates must not reach another's sockets."""
+def _own_redis_keys() -> None:
+    """Each test process its own keys in the shared Redis (PORTAL_REDIS_PREFIX, which the portals it
+    starts inherit): processes number their workspaces alike, and one's live updates must not reach
+    another's sockets, nor one's portal's worker take another's tasks."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return
     from channels.layers import channel_layers
     from django.conf import settings
 
-    os.environ["PORTAL_CHANNELS_PREFIX"] = prefix = f"asgi-{worker}"
+    from portal.celery import app
+
+    os.environ["PORTAL_REDIS_PREFIX"] = prefix = f"{worker}:"
     config = settings.CHANNEL_LAYERS["default"].get("CONFIG")
     if config is not None and "prefix" in config:
-        config["prefix"] = prefix
+        config["prefix"] = f"{prefix}asgi"
         channel_layers.backends.clear()
+    if app.conf.broker_url.startswith(("redis://", "rediss://")):
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,24 @@ def test_production_settings_pass_the_deployment_checks() -> None:
     result = _django_check(env, "--deploy", "--fail-level", "WARNING")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_portals_sharing_a_redis_database_each_take_their_own_keys() -> None:
+    """PORTAL_REDIS_PREFIX starts this portal's Celery queues and Channels names in Redis (the
+    parallel browser tests' portals, sharing one database, rely on it); unset, the names are
+    Celery's and Channels' own."""
+    show = (
+        "import json, django; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.CELERY_BROKER_TRANSPORT_OPTIONS, s.CHANNEL_LAYERS['default']['CONFIG']['prefix']]))"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "PORTAL_REDIS_PREFIX"}
+    base.update(REDIS_URL="redis://127.0.0.1:6379/15", DJANGO_SETTINGS_MODULE="portal.settings")
+    seen = []
+    for prefix in ("", "gw1:"):
+        result = subprocess.run(
+            [sys.executable, "-c", show], cwd=ROOT, env={**base, "PORTAL_REDIS_PREFIX": prefix},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        seen.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert seen == [[{}, "asgi"], [{"global_keyprefix": "gw1:"}, "gw1:asgi"]]

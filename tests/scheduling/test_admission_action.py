@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -19,6 +18,7 @@ from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
 from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
 from portal.celery import app
+from tests.broker import queued
 from tests.personas import World
 
 
@@ -32,9 +32,7 @@ def started(settings: Any) -> Iterator[Any]:
     settings.PORTAL_WORKLOAD_TRIGGER = "task"
 
     def read() -> list[tuple[str, str]]:
-        with app.connection_for_read() as connection:
-            raw = [m for queue in (quick, provision) for m in connection.default_channel.client.lrange(queue, 0, -1)]
-        return [(json.loads(m)["headers"]["task"], json.loads(m)["headers"]["argsrepr"]) for m in raw]
+        return [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in queued(quick, provision)]
 
     try:
         yield read

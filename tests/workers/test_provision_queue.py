@@ -8,7 +8,6 @@ a job submitted while a real environment build runs is running before the build 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -28,6 +27,7 @@ from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads.host import converge
 from portal.celery import app
+from tests.broker import queued
 from tests.personas import World
 from tests.test_embedded import EmbeddedPortal
 
@@ -80,9 +80,7 @@ def own_queues(settings: Any) -> Iterator[tuple[str, str]]:
 
 def _queued(queue: str) -> list[tuple[str, str]]:
     """The tasks waiting in a Redis queue: (name, args) of each, oldest first."""
-    with app.connection_for_read() as connection:
-        raw = connection.default_channel.client.lrange(queue, 0, -1)
-    messages = [json.loads(message)["headers"] for message in reversed(raw)]  # LPUSHed: newest first
+    messages = [message["headers"] for message in reversed(queued(queue))]  # LPUSHed: newest first
     return [(headers["task"], headers["argsrepr"]) for headers in messages]
 
 

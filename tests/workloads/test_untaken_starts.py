@@ -6,7 +6,6 @@ behind a long environment build)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from apps.jobs.models import Job
 from apps.scheduling.adapter import run_cycle
 from apps.workloads.host import reconcile
 from portal.celery import app
+from tests.broker import queued
 from tests.personas import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,9 +39,7 @@ def sent(settings: Any, tmp_path: Path) -> Iterator[Any]:
     app.conf.task_default_queue, settings.PROVISION_QUEUE = quick, provision
 
     def read() -> list[Any]:
-        with app.connection_for_read() as connection:
-            raw = [m for queue in (quick, provision) for m in connection.default_channel.client.lrange(queue, 0, -1)]
-        return [json.loads(m)["headers"]["argsrepr"] for m in raw]
+        return [m["headers"]["argsrepr"] for m in queued(quick, provision)]
 
     try:
         yield read
