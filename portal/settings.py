@@ -152,10 +152,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis, Celery, Channels ----------------------------------------------------------------
 REDIS_URL = env_secret("REDIS_URL")
-# The embedded broker: kombu's filesystem transport with atomic writes (portal/broker.py).
 # What this portal's keys in Redis (its Celery queues, its Channels names) start with: portals that
 # share one Redis database each take their own.
 REDIS_PREFIX = env_str("PORTAL_REDIS_PREFIX", "")
+# The embedded broker: kombu's filesystem transport with atomic writes (portal/broker.py).
 CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL) or "atomicfs://localhost//"
 _FILE_BROKER = CELERY_BROKER_URL.startswith(("atomicfs://", "filesystem://"))
 if PRODUCTION and _FILE_BROKER:

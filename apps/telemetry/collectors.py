@@ -233,7 +233,7 @@ class SlurmCollector:
             return []
         argv = [self.sstat_path, "-a", "-n", "-P", "--format=JobID,TRESUsageInTot", "-j", ",".join(sorted(held))]
         try:
-            # A job with no step running is named on stderr; the others are still answered, with 0.
+            # A job with no step running is named on stderr, and sstat still answers for the others and exits 0.
             proc = subprocess.run(
                 argv, capture_output=True, text=True, timeout=SSTAT_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
             )
