@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -17,8 +16,7 @@ from apps.inventory.models import GPU, Cluster
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
 from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
-from portal.celery import app
-from tests.broker import queued
+from tests.broker import own_queues, queued
 from tests.personas import World
 
 
@@ -26,20 +24,9 @@ from tests.personas import World
 def started(settings: Any) -> Iterator[Any]:
     """The start requests sent on commit, read back from the real broker: queues of this test's own."""
     assert settings.CELERY_BROKER_URL.startswith("redis://"), "the suite runs against Redis"
-    quick, provision = f"test-quick-{uuid.uuid4().hex[:8]}", f"test-provision-{uuid.uuid4().hex[:8]}"
-    default = app.conf.task_default_queue
-    app.conf.task_default_queue, settings.PROVISION_QUEUE = quick, provision
     settings.PORTAL_WORKLOAD_TRIGGER = "task"
-
-    def read() -> list[tuple[str, str]]:
-        return [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in queued(quick, provision)]
-
-    try:
-        yield read
-    finally:
-        app.conf.task_default_queue = default
-        with app.connection_for_write() as connection:
-            connection.default_channel.client.delete(quick, provision)
+    with own_queues(settings) as names:
+        yield lambda: [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in queued(*names)]
 
 
 def queued_job(world: World, gpus: str = "2") -> Job:

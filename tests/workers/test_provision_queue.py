@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
@@ -27,6 +26,7 @@ from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads.host import converge
 from portal.celery import app
+from tests.broker import own_queues as broker_queues
 from tests.broker import queued
 from tests.personas import World
 from tests.test_embedded import EmbeddedPortal
@@ -67,15 +67,8 @@ def test_slow_tasks_go_to_the_provision_queue_and_quick_ones_do_not(tx_world: Wo
 @pytest.fixture
 def own_queues(settings: Any) -> Iterator[tuple[str, str]]:
     """Queues of this test's own on the real broker (Redis in the suite), emptied afterwards."""
-    quick, provision = f"test-quick-{uuid.uuid4().hex[:8]}", f"test-provision-{uuid.uuid4().hex[:8]}"
-    default = app.conf.task_default_queue
-    app.conf.task_default_queue, settings.PROVISION_QUEUE = quick, provision
-    try:
-        yield quick, provision
-    finally:
-        app.conf.task_default_queue = default
-        with app.connection_for_write() as connection:
-            connection.default_channel.client.delete(quick, provision)
+    with broker_queues(settings) as names:
+        yield names
 
 
 def _queued(queue: str) -> list[tuple[str, str]]:

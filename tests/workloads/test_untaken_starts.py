@@ -7,7 +7,6 @@ behind a long environment build)."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -21,8 +20,7 @@ from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.scheduling.adapter import run_cycle
 from apps.workloads.host import reconcile
-from portal.celery import app
-from tests.broker import queued
+from tests.broker import own_queues, queued
 from tests.personas import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,19 +32,8 @@ def sent(settings: Any, tmp_path: Path) -> Iterator[Any]:
     settings.PORTAL_WORK_DIR = tmp_path / "work"
     settings.PORTAL_WORKLOAD_TRIGGER = "task"
     settings.PORTAL_SCHEDULER_TRIGGER = "off"
-    quick, provision = f"test-quick-{uuid.uuid4().hex[:8]}", f"test-provision-{uuid.uuid4().hex[:8]}"
-    default = app.conf.task_default_queue
-    app.conf.task_default_queue, settings.PROVISION_QUEUE = quick, provision
-
-    def read() -> list[Any]:
-        return [m["headers"]["argsrepr"] for m in queued(quick, provision)]
-
-    try:
-        yield read
-    finally:
-        app.conf.task_default_queue = default
-        with app.connection_for_write() as connection:
-            connection.default_channel.client.delete(quick, provision)
+    with own_queues(settings) as names:
+        yield lambda: [m["headers"]["argsrepr"] for m in queued(*names)]
 
 
 def test_a_job_no_worker_takes_is_started_by_the_loop(tx_world: World, sent: Any, settings: Any) -> None:
