@@ -67,6 +67,15 @@ def _pids_with(marker: str) -> set[int]:
     return found
 
 
+def _settled_pids(marker: str) -> set[int]:
+    """The processes with `marker` once they stay the same for a second: a job's launch passes
+    through short-lived processes (the shell and sandbox steps that start its command)."""
+    seen = _pids_with(marker)
+    time.sleep(1.0)
+    now = _pids_with(marker)
+    return now if now and now == seen else set()
+
+
 @dataclass
 class Production:
     """PostgreSQL (the test database), a private Redis, and the three processes of docs/operations.md."""
@@ -284,7 +293,7 @@ def test_restarting_each_process_in_any_order_leaves_running_work_alone(
     for n in range(2):
         assert client.submit(f"long-{n}", f"sleep 120 # {marker}").status_code == 201
     _until(lambda: {j["state"] for j in client.jobs()} == {"RUNNING"}, "the jobs to run")
-    running = _until(lambda: _pids_with(marker), "their processes")
+    running = _until(lambda: _settled_pids(marker), "their processes")
     try:
         for name in order:
             production.kill(name)
