@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.ci_skips import skip_fails
 from tests.leftovers import stop_everything_of
 from tests.personas import World, make_world
 from tests.proxy import Proxy, running_proxy
@@ -127,3 +128,14 @@ def _plain_static_files(settings: Any) -> None:
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A security test that skips in CI fails instead (tests/ci_skips.py), saying why it skipped."""
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail") and skip_fails(str(item.path), os.environ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"a security test may not skip in CI: {reason.removeprefix('Skipped: ')}"
+    return report
