@@ -226,6 +226,9 @@ def main() -> int:
     )
     # Where browsers reach the portal; notebook URLs take its scheme and port.
     os.environ.setdefault("PORTAL_PUBLIC_URL", public_url(args.host, args.port))
+    # The proxy runs as the portal's own account, as the workers do: it can enter the directories
+    # of the notebook servers' Unix sockets (workers/backends/processes.py), which no workload of
+    # another workspace can.
     proxy = [
         str(BASE_DIR / "node_modules" / ".bin" / "configurable-http-proxy"),
         *("--ip", args.host, "--port", str(args.port), "--api-ip", "127.0.0.1", "--api-port", str(proxy_api_port)),

@@ -7,6 +7,7 @@ database, Redis and secrets through the environment; see docs/configuration.md.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from pathlib import Path
 
@@ -313,6 +314,30 @@ OIDC_USE_PKCE = True
 OIDC_STORE_ID_TOKEN = True  # for the provider's logout (id_token_hint)
 OIDC_TIMEOUT = 10
 OIDC_AUTHENTICATION_CALLBACK_URL = "web:sso-callback"
+# A session that came through the provider is checked with it again once it is this old (silently,
+# prompt=none, at the next page opened; other requests wait for that): if the provider no longer
+# signs the user in, the session and the user's other access end (apps/accounts/sso_session.py).
+PORTAL_OIDC_SESSION_CHECK_S = env_int("PORTAL_OIDC_SESSION_CHECK_S", 900, minimum=30, maximum=86400)
+# The longest life of a personal API token of a user who signs in through the provider (capped at
+# creation; an older, longer one stops working once this old).
+PORTAL_SSO_TOKEN_MAX_DAYS = env_int("PORTAL_SSO_TOKEN_MAX_DAYS", 7, minimum=1, maximum=3650)
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+    "apps.accounts.sso_session.SsoSessionCheck",
+)
+
+# --- Client addresses (apps/accounts/addresses.py) --------------------------------------------
+# The proxies whose X-Forwarded-For is believed: addresses or networks. The embedded portal's
+# notebook proxy reaches the web process on loopback. The sign-in limits never count a trusted
+# proxy's own address as one client's.
+PORTAL_TRUSTED_PROXIES = env_list("PORTAL_TRUSTED_PROXIES", ["127.0.0.1", "::1"])
+for _proxy in PORTAL_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"PORTAL_TRUSTED_PROXIES: {_proxy!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)."
+        ) from None
 
 # --- Security (production defaults on, overridable for a TLS-terminating proxy) ---------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
@@ -473,13 +498,41 @@ PORTAL_START_LOST_AFTER_S = env_int("PORTAL_START_LOST_AFTER_S", 30, minimum=1)
 # loop itself (apps/workloads/host.py): a worker may still run but no longer take work.
 PORTAL_START_UNTAKEN_S = env_int("PORTAL_START_UNTAKEN_S", 60, minimum=1)
 PORTAL_WORK_DIR = Path(env_str("PORTAL_WORK_DIR", str(DATA_DIR / "work")))
+# The most of a job's output the portal records as its artifacts: files, and bytes in all (apparent
+# sizes: a sparse file counts as large as it claims). Files past either are not recorded, and the
+# job says so (apps/jobs/artifacts.py).
+PORTAL_ARTIFACTS_MAX_FILES = env_int("PORTAL_ARTIFACTS_MAX_FILES", 10_000, minimum=0)
+PORTAL_ARTIFACTS_MAX_BYTES = env_int("PORTAL_ARTIFACTS_MAX_BYTES", 10 * 1024**3, minimum=0)
 # Tenant isolation of local workloads (docs/security.md). "bwrap": every job replica, instance and
 # notebook runs in a bubblewrap sandbox that sees only its workspace (and, when the portal runs as
 # root, as that workspace's own Unix account); a portal that cannot sandbox refuses to start user
 # code. "off" is the explicit opt-out of a single-user workstation, shown as a warning on every page.
 PORTAL_SANDBOX = env_choice("PORTAL_SANDBOX", ("bwrap", "off"), "bwrap")
+# Resource limits of local workloads (docs/security.md). "cgroup": every job replica and instance
+# (with its notebooks) is held by a cgroup (v2, or v1's memory, cpu and pids controllers, under
+# PORTAL_CGROUP_ROOT) to the CPU cores and memory it asked for and PORTAL_WORKLOAD_PIDS_MAX processes
+# and threads; a portal that cannot create cgroups refuses to start user code. "off" is the explicit
+# opt-out of a single-user workstation, shown as a warning on every page.
+PORTAL_RESOURCE_LIMITS = env_choice("PORTAL_RESOURCE_LIMITS", ("cgroup", "off"), "cgroup")
+PORTAL_CGROUP_ROOT = env_str("PORTAL_CGROUP_ROOT", "/sys/fs/cgroup")
+PORTAL_WORKLOAD_PIDS_MAX = env_int("PORTAL_WORKLOAD_PIDS_MAX", 4096, minimum=16, maximum=4194304)
+# Disk quotas of local workloads (docs/security.md). "on": each workspace's directory is a filesystem
+# image of the workspace's disk quota (PORTAL_WORKSPACE_DISK_GB for a new one; admins change it), kept
+# in PORTAL_DISK_IMAGE_DIR and mounted on the directory, which needs root; a portal that cannot mount
+# refuses to start user code. "off" is the explicit opt-out of a portal run as an ordinary user:
+# workspaces then write without a limit, shown as a warning on every page.
+PORTAL_DISK_QUOTA = env_choice("PORTAL_DISK_QUOTA", ("on", "off"), "on")
+PORTAL_DISK_IMAGE_DIR = Path(env_str("PORTAL_DISK_IMAGE_DIR", str(DATA_DIR / "disks")))
+PORTAL_WORKSPACE_DISK_GB = env_int("PORTAL_WORKSPACE_DISK_GB", 50, minimum=1, maximum=16_000)
+# How often the scheduler loop measures each workspace's disk for its page (apps/workspaces/disks.py).
+PORTAL_DISK_MEASURE_EVERY_S = env_int("PORTAL_DISK_MEASURE_EVERY_S", 60, minimum=5)
+if PORTAL_DISK_IMAGE_DIR.resolve().is_relative_to(PORTAL_WORK_DIR.resolve()):
+    raise ImproperlyConfigured("PORTAL_DISK_IMAGE_DIR must lie outside PORTAL_WORK_DIR, where no workload reaches.")
 # The portal's private directory for the workloads' logs and exit files: no sandbox sees it.
 PORTAL_RUN_DIR = Path(env_str("PORTAL_RUN_DIR", str(DATA_DIR / "run")))
+# The most each replica's log on the local backend may hold, in MiB (it lies in PORTAL_RUN_DIR):
+# past it the oldest part is dropped, the most recent kept, and the log says how much was dropped.
+PORTAL_LOG_MAX_MB = env_int("PORTAL_LOG_MAX_MB", 100, minimum=1, maximum=1 << 20)
 # Workspace accounts (when the portal runs as root): workspace N gets uid PORTAL_WORKSPACE_UID_MIN + N,
 # named gpw<N>. The range must be reserved for this portal on every machine that runs its work.
 PORTAL_WORKSPACE_UID_MIN = env_int("PORTAL_WORKSPACE_UID_MIN", 200000, minimum=1000, maximum=2**31 - 2)

@@ -10,9 +10,23 @@ from typing import Any
 import pytest
 
 from tests.ci_skips import skip_fails
-from tests.leftovers import stop_everything_of
+from tests.leftovers import release_disks, stop_everything_of
 from tests.personas import World, make_world
 from tests.proxy import Proxy, running_proxy
+
+# Each test process its own workspace disk images (apps/workspaces/disks.py), named by workspace id
+# as they are: ids repeat across the processes' databases. The portals a test starts inherit it.
+DISK_IMAGE_DIR = Path(tempfile.gettempdir()) / f"gpuportal-test-disks-{os.getpid()}"
+os.environ["PORTAL_DISK_IMAGE_DIR"] = str(DISK_IMAGE_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_outlives_the_test(settings: Any) -> Iterator[None]:
+    """Where the tests run as root, a workload's workspace is a mounted disk image: unmounted, and
+    the image removed, once the test is over (and its own fixtures have stopped its workloads)."""
+    settings.PORTAL_DISK_IMAGE_DIR = DISK_IMAGE_DIR
+    yield
+    release_disks(DISK_IMAGE_DIR)
 
 
 @pytest.fixture(autouse=True)

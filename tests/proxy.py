@@ -47,14 +47,16 @@ class Proxy:
 
 
 @contextmanager
-def running_proxy(default_target: str, log: Path) -> Iterator[Proxy]:
+def running_proxy(default_target: str, log: Path, *, x_forward: bool = False) -> Iterator[Proxy]:
+    """The proxy; with `x_forward`, adding X-Forwarded-For and the like as the embedded portal's does."""
     if not CHP.exists():
         raise RuntimeError(f"{CHP} is missing: run deploy/test.sh, which installs the pinned Node packages")
     port, api_port, token = free_port(), free_port(), secrets.token_hex(16)
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [str(CHP), "--ip", "127.0.0.1", "--port", str(port), "--api-ip", "127.0.0.1", "--api-port", str(api_port),
-             "--default-target", default_target, "--host-routing", "--no-x-forward", "--log-level", "warn"],
+             "--default-target", default_target, "--host-routing", "--log-level", "warn",
+             *([] if x_forward else ["--no-x-forward"])],
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "CONFIGPROXY_AUTH_TOKEN": token},
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

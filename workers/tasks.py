@@ -11,7 +11,8 @@ its own, so that something slow never holds up something quick:
 - ``provision``: whatever can wait seconds to minutes on something else. A notebook profile's
   environment build (pip), instance and notebook starts (waiting for the server to answer, for
   Slurm to run a batch job, for Kubernetes pods), job starts on Slurm and Kubernetes (they return
-  once the job runs), and stops (they wait out a workload's grace period).
+  once the job runs), stops (they wait out a workload's grace period), and an ended job's
+  artifacts (read and hashed, up to the limits).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.compute.hosting import build_notebook_environment as build_environment
+from apps.jobs import artifacts
 from apps.jobs.models import Job
 from apps.monitoring.cycles import timed_cycle
 from apps.workloads import host
@@ -38,7 +40,7 @@ def route(
 ) -> dict[str, str] | None:
     """The queue of a task about to be sent (a Celery router): see the module's docstring. A
     workload's convergence goes to ``provision``, but for the start of a job on this machine."""
-    if name == "portal.build_notebook_environment":
+    if name in ("portal.build_notebook_environment", "portal.collect_artifacts"):
         return {"queue": settings.PROVISION_QUEUE}
     if name == "portal.converge" and len(args) == 2:
         if args[0] == "job":
@@ -100,3 +102,9 @@ def converge(kind: str, pk: int) -> None:
 def build_notebook_environment(notebook_id: int) -> None:
     """Build the Python environment a notebook waits for; its start follows as a task of its own."""
     build_environment(notebook_id)
+
+
+@shared_task(name="portal.collect_artifacts", ignore_result=True)
+def collect_artifacts(job_id: int) -> None:
+    """Record what an ended job left, within the limits, and then its end (apps/jobs/artifacts.py)."""
+    artifacts.collect(job_id)

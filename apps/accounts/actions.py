@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
+from apps.accounts.api_tokens import revoke_all
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
 from apps.errors import ActionError, Conflict
@@ -48,6 +51,25 @@ def do_deactivate_user(user: Any, *, acting_user: Any, origin: Origin = SYSTEM) 
         user.is_active = False
         user.save(update_fields=["is_active"])
         do_log_event(Event.USER_DEACTIVATE, user, acting_user=acting_user, origin=origin)
+
+
+def do_end_sso_access(user: Any, *, reason: str, acting_user: Any = None, origin: Origin = SYSTEM) -> None:
+    """End every way in that `user` holds besides the identity provider, which no longer signs them
+    in: their password is made unusable (they sign in through the provider, and have none), which
+    ends all their sessions, changes their credential stamp (apps/accounts/stamps.py: their
+    notebooks' sign-ins and their workloads' tokens end) and, through apps/accounts/signals.py,
+    revokes their personal tokens and the CLI sign-ins they allowed, all with `reason`. The
+    break-glass admin keeps a password they have: only their tokens are revoked."""
+    with transaction.atomic():
+        user = get_user_model().objects.select_for_update().get(pk=user.pk)
+        if user.get_username() == settings.PORTAL_BREAK_GLASS_ADMIN and user.has_usable_password():
+            revoke_all(user, reason=reason, acting_user=acting_user, origin=origin)
+        else:
+            user.set_unusable_password()
+            user._credentials_change_reason = reason
+            user.save(update_fields=["password"])
+        data = {"from": "sso", "access_ended": reason}
+        do_log_event(Event.USER_UPDATE, user, acting_user=acting_user, origin=origin, data=data)
 
 
 def do_save_group(group: Group, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Group:

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts import actions, api_tokens, device_login, oidc, throttle
+from apps.accounts import actions, addresses, api_tokens, device_login, oidc, throttle
 from apps.accounts.models import ApiToken, DeviceLogin, WorkloadUser
 from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
@@ -151,15 +151,16 @@ class TokenView(APIView):
         credentials = self.Credentials(data=request.data, context={"request": request})
         credentials.is_valid(raise_exception=True)
         data = credentials.validated_data
-        wait = throttle.retry_after(data["username"], request._request)
+        username = throttle.sign_in_name(data["username"])  # as the sign-in page reads it
+        wait = throttle.retry_after(username, request._request)
         if wait:
             raise Throttled(wait, throttle.message(wait))
-        user = authenticate(request._request, username=data["username"], password=data["password"])
+        user = authenticate(request._request, username=username, password=data["password"])
         if user is None:
             sso = " This portal signs in through single sign-on: run `gpuportal login --browser`."
             hint = sso if oidc.enabled() else ""
             raise AuthenticationFailed(f"Wrong username or password.{hint}")
-        throttle.clear_account(data["username"])
+        throttle.clear_account(user.get_username())
         ensure_private_workspace(user)
         update_last_login(None, user)  # an account used only through the API has been used too
         origin = Origin.from_request(request._request)
@@ -187,7 +188,8 @@ class ApiTokenSerializer(StrictModelSerializer):
     name = serializers.RegexField(_NAME, max_length=100, help_text="what the token is for")
     expires_in_days = serializers.IntegerField(
         write_only=True, min_value=1, max_value=settings.PORTAL_API_TOKEN_MAX_DAYS, required=False,
-        help_text="days until it expires (default 90; at most PORTAL_API_TOKEN_MAX_DAYS, 365 unless set)",
+        help_text="days until it expires (default 90; at most PORTAL_API_TOKEN_MAX_DAYS, 365 unless set, and "
+        "for a user who signs in through single sign-on PORTAL_SSO_TOKEN_MAX_DAYS, 7 unless set)",
     )  # fmt: skip
     scope = serializers.ChoiceField(
         choices=ApiToken.Scope.choices, required=False, help_text="read (read-only) or write (read-write, the default)"
@@ -208,7 +210,28 @@ class ApiTokenSerializer(StrictModelSerializer):
         """active, expired or revoked"""
         if token.revoked_at is not None:
             return "revoked"
-        return "expired" if token.expires_at <= timezone.now() else "active"
+        return "expired" if self.expires_at_of(token) <= timezone.now() else "active"
+
+    def expires_at_of(self, token: ApiToken) -> Any:
+        """When the token stops working (apps/accounts/api_tokens.py), its user asked about once."""
+        known = self.context.setdefault("_through_provider", {})
+        if token.user_id not in known:
+            known[token.user_id] = api_tokens.signs_in_through_provider(token.user)
+        return api_tokens.expires_at_of(token, through_provider=known[token.user_id])
+
+    def to_representation(self, instance: ApiToken) -> Any:
+        data = super().to_representation(instance)
+        if "expires_at" in data:
+            data["expires_at"] = self.fields["expires_at"].to_representation(self.expires_at_of(instance))
+        return data
+
+    def validate_expires_in_days(self, days: int) -> int:
+        most = api_tokens.max_days_for(self.context["request"].user)
+        if days > most:  # beyond max_value: a user the identity provider signs in
+            raise serializers.ValidationError(
+                f"At most {most} days for an account that signs in through single sign-on."
+            )
+        return days
 
     def validate_workspace(self, workspace: Workspace | None) -> Workspace | None:
         user = self.context["request"].user
@@ -247,7 +270,7 @@ class ApiTokenViewSet(PortalViewSet):
         token, text = api_tokens.do_create_token(
             request.user,
             name=data["name"],
-            expires_in_days=data.get("expires_in_days", min(90, settings.PORTAL_API_TOKEN_MAX_DAYS)),
+            expires_in_days=data.get("expires_in_days", api_tokens.default_days_for(request.user)),
             scope=data.get("scope", ApiToken.Scope.WRITE),
             workspace=data.get("workspace"),
             limited=True,
@@ -290,9 +313,10 @@ class DeviceLoginView(APIView):
     def post(self, request: Request) -> Response:
         body = self.Start(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        address = request._request.META.get("REMOTE_ADDR") or None
+        address = addresses.client_address(request._request)
         waiting = DeviceLogin.objects.filter(address=address, expires_at__gt=timezone.now(), decided_at__isnull=True)
-        if waiting.count() >= self.PER_ADDRESS:
+        # Counted per client, as failed sign-ins are: never on a proxy's own, shared address.
+        if addresses.distinct_client_address(request._request) and waiting.count() >= self.PER_ADDRESS:
             raise Throttled(device_login.TTL_S, "Too many sign-ins waiting from this address; try again later.")
         device_code, row = device_login.start(body.validated_data.get("name") or "gpuportal login", address=address)
         page = request.build_absolute_uri(reverse("web:cli-login"))

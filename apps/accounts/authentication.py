@@ -13,6 +13,7 @@ from rest_framework.request import Request
 
 from apps.accounts import api_tokens, tokens
 from apps.accounts.models import ApiToken
+from apps.api.permissions import check_workload_request
 
 _OLD_KEY = re.compile(r"^[0-9a-f]{40}$")  # the single, never-expiring key per user of earlier versions
 
@@ -20,7 +21,8 @@ _OLD_KEY = re.compile(r"^[0-9a-f]{40}$")  # the single, never-expiring key per u
 class PortalTokenAuthentication(TokenAuthentication):
     """``Authorization: Token <token>``: a personal token acts for its user (in one workspace, if it
     is limited to one; reading only, if it is read-only), a workload's for its launcher in its
-    workspace alone. Anything else, the keys of earlier versions included, is refused."""
+    workspace alone, never to administer (apps/api/permissions.py). Anything else, the keys of
+    earlier versions included, is refused."""
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         answer = super().authenticate(request)
@@ -32,6 +34,7 @@ class PortalTokenAuthentication(TokenAuthentication):
                 and request.method not in SAFE_METHODS
             ):
                 raise PermissionDenied("This token is read-only: it can read but not change anything.")
+            check_workload_request(request, answer[0])  # a workload's token never administers
         return answer
 
     def authenticate_credentials(self, key: str) -> tuple[Any, Any]:

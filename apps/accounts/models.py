@@ -11,22 +11,32 @@ from django.db import models
 
 
 class WorkloadUser(User):
-    """A user as a notebook's, instance's or job's own token presents them: acting for them in one
-    workspace alone (``workspace_scope``), with the role they hold there, and never as a platform
-    admin (``is_staff`` and ``is_superuser`` are off, so no admin endpoint lets it in). A platform
-    admin's token acts as an owner of that one workspace (``owner_in_scope``).
+    """A user as a token limited to one workspace presents them: a workload's own token (a
+    notebook's, instance's or job's: ``in_workload``, apps/accounts/tokens.py) or a personal token
+    limited to a workspace. It acts for them in that workspace alone (``workspace_scope``), with the
+    role they hold there, and never as a platform admin (``is_staff`` and ``is_superuser`` are off, so
+    no admin endpoint lets it in). A platform admin's token acts as an owner of that one workspace
+    (``owner_in_scope``).
+
+    A workload's token never administers anything (apps/api/permissions.py). While the instance it
+    belongs to is shared with collaborators, it is confined to that instance (``instance_scope``): it
+    acts as a collaborator of it with ``instance_access`` (read, write, or none at all) and holds no
+    role in the workspace (apps/workspaces/access.py).
 
     Built for each request from the user's row, and never saved: its flags are not the user's."""
 
     workspace_scope: int
     owner_in_scope: bool
     workload: str
+    in_workload: bool
+    instance_scope: int | None
+    instance_access: str
 
     class Meta:
         proxy = True
 
     @classmethod
-    def acting_for(cls, user: User, *, workspace_id: int, workload: str) -> WorkloadUser:
+    def acting_for(cls, user: User, *, workspace_id: int, workload: str, in_workload: bool = False) -> WorkloadUser:
         scoped = cls(**{field.attname: getattr(user, field.attname) for field in User._meta.concrete_fields})
         scoped._state.adding = False
         scoped._state.db = user._state.db
@@ -34,7 +44,17 @@ class WorkloadUser(User):
         scoped.is_staff = scoped.is_superuser = False
         scoped.workspace_scope = workspace_id
         scoped.workload = workload
+        scoped.in_workload = in_workload
+        scoped.instance_scope = None
+        scoped.instance_access = ""
         return scoped
+
+    def confine_to_instance(self, instance_id: int, access: str) -> None:
+        """Act on this one instance (and its notebooks) alone, as a collaborator with `access`
+        ("read", "write", or "" for nothing), holding no role in the workspace."""
+        self.instance_scope = instance_id
+        self.instance_access = access
+        self.owner_in_scope = False
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a workload's view of a user is never saved: change the user itself")

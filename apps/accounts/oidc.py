@@ -121,6 +121,8 @@ _PORTAL_SETTINGS = {
     "OIDC_RP_CLIENT_ID": "PORTAL_OIDC_CLIENT_ID",
     "OIDC_RP_CLIENT_SECRET": "PORTAL_OIDC_CLIENT_SECRET",
     "OIDC_RP_SCOPES": "PORTAL_OIDC_SCOPES",
+    # When the callback next has the session checked with the provider (apps/accounts/sso_session.py).
+    "OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS": "PORTAL_OIDC_SESSION_CHECK_S",
 }
 
 

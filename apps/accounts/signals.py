@@ -7,6 +7,7 @@ from django.dispatch import receiver
 from django.http import HttpRequest
 
 from apps.accounts.api_tokens import revoke_all
+from apps.accounts.models import DeviceLogin
 from apps.audit.actions import SYSTEM, Origin, do_log_event, do_log_failed_sign_in
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
@@ -40,7 +41,8 @@ def log_failed_sign_in(
 
 @receiver(pre_save, sender=User)
 def note_credentials_change(sender: Any, instance: Any, **kwargs: Any) -> None:
-    """Whether this save changes the user's password or deactivates them: their tokens then end."""
+    """Whether this save changes the user's password or deactivates them: their tokens then end,
+    with the reason the saver gave (`_credentials_change_reason`), or the change's own."""
     instance._tokens_end = ""
     if instance.pk is None or kwargs.get("raw"):
         return
@@ -53,14 +55,17 @@ def note_credentials_change(sender: Any, instance: Any, **kwargs: Any) -> None:
     if before["is_active"] and not instance.is_active:
         instance._tokens_end = "the user was deactivated"
     elif before["password"] != instance.password:
-        instance._tokens_end = "the password was changed"
+        instance._tokens_end = getattr(instance, "_credentials_change_reason", "") or "the password was changed"
 
 
 @receiver(post_save, sender=User)
 def end_tokens(sender: Any, instance: Any, **kwargs: Any) -> None:
-    """Changing a password or deactivating a user revokes every one of their personal tokens (Django
-    ends their sessions: a session holds a hash of the password, and an inactive user has none)."""
+    """Changing a password or deactivating a user revokes every one of their personal tokens and
+    refuses the CLI sign-ins they allowed whose token was not yet collected (Django ends their
+    sessions: a session holds a hash of the password, and an inactive user has none; the credential
+    stamp, apps/accounts/stamps.py, ends their notebooks' sign-ins and their workloads' tokens)."""
     reason = getattr(instance, "_tokens_end", "")
     if reason:
         instance._tokens_end = ""
         revoke_all(instance, reason=reason)
+        DeviceLogin.objects.filter(user=instance, collected_at__isnull=True).update(approved=False)

@@ -1,7 +1,18 @@
-"""Sign-in attempts are rate-limited: after `PER_ACCOUNT` failures for one username, or `PER_ADDRESS`
-from one address, within `WINDOW`, every attempt (the right password too, else guessing would go on
-at full speed) is refused with HTTP 429 and `Retry-After` until the window that began with the first
-failure ends. It applies to the web sign-in page and to the token endpoint (`gpuportal login`).
+"""Sign-in attempts are rate-limited: after `PER_ACCOUNT` failures for one account, or `PER_ADDRESS`
+from one client address, within `WINDOW`, every attempt (the right password too, else guessing would
+go on at full speed) is refused with HTTP 429 and `Retry-After` until the window that began with the
+first failure ends. It applies to the web sign-in page and to the token endpoint (`gpuportal login`).
+
+The account is the username as authentication resolves it (`sign_in_name()`: the sign-in form's
+stripping and NFKC, then without case), so " victor ", "victor\\t" and a full-width "ｖｉｃｔｏｒ" all
+count against, and are all stopped by, victor's one count.
+
+The address is the client's, read through the trusted proxies (apps/accounts/addresses.py). The
+address limit counts distinct clients only: a trusted proxy's own address (requests made on the
+proxy's machine: the embedded portal's local browser, workloads) and an address that cannot be told
+stand for many people and are never counted, so no number of failures from them, or from any one
+client, stops anyone else. The account limit alone then holds. So failures from one client throttle
+that client, and stop an account only once that account itself has failed `PER_ACCOUNT` times.
 
 Counts are kept in the database, so they hold across the portal's processes, in the embedded
 default and in production alike; a success clears its account's count.
@@ -14,6 +25,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth.forms import UsernameField
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -21,6 +33,7 @@ from django.dispatch import receiver
 from django.http import HttpRequest
 from django.utils import timezone
 
+from apps.accounts.addresses import distinct_client_address
 from apps.accounts.models import SignInFailures
 
 WINDOW = timedelta(minutes=5)
@@ -28,10 +41,23 @@ PER_ACCOUNT = 10
 PER_ADDRESS = 50
 
 
+_USERNAME = UsernameField()  # the sign-in form's field (AuthenticationForm.username)
+
+
+def sign_in_name(typed: str) -> str:
+    """A typed username as the sign-in form hands it to authentication: Django's own username field
+    (surrounding whitespace stripped, then NFKC, as `AbstractBaseUser.normalize_username`)."""
+    return str(_USERNAME.to_python(typed))
+
+
+def _account_key(username: str) -> str:
+    return _hash(f"account:{sign_in_name(username).casefold()}")
+
+
 def _keys(username: str, request: HttpRequest | None) -> dict[str, int]:
     """The counts an attempt adds to, each with its limit."""
-    keys = {_hash(f"account:{username.casefold()}"): PER_ACCOUNT}
-    address = request.META.get("REMOTE_ADDR") if request is not None else None
+    keys = {_account_key(username): PER_ACCOUNT}
+    address = distinct_client_address(request)
     if address:
         keys[_hash(f"address:{address}")] = PER_ADDRESS
     return keys
@@ -83,7 +109,7 @@ def count_failure(sender: Any, credentials: dict[str, Any], request: HttpRequest
 
 def clear_account(username: str) -> None:
     """A successful sign-in: its account's failures are forgotten (its address's are not)."""
-    SignInFailures.objects.filter(key=_hash(f"account:{username.casefold()}")).delete()
+    SignInFailures.objects.filter(key=_account_key(username)).delete()
 
 
 @receiver(user_logged_in)

@@ -9,11 +9,27 @@ starts or is ready, an instance while it is provisioned or runs, a job while it 
 runs. Deleting the notebook or instance, or the job's end, revokes it at once, whichever way the
 end comes (a user, a failure, the reconcile loop), since it is checked against the row each time.
 
+What a token may do is narrower than its launcher's role in two ways:
+
+- It never administers: it cannot change memberships, roles, sharing, invitations, tokens or
+  device logins, nor a workspace's settings, quotas or alert rules, whoever launched it
+  (apps/api/permissions.py). Code that runs in a workload is not its launcher at a keyboard.
+- What runs in a shared workload never holds one person's credential. While an instance has any
+  collaborator, its token and its notebooks' tokens act only as a collaborator of that instance
+  may: that one instance and its notebooks, read or write as the weakest collaborator holds (and
+  never more than the launcher may), with no role in the workspace. This is decided at each
+  request, since sharing changes while the workload runs; once the last collaborator goes, the
+  token acts for its launcher in the workspace again.
+
 Like Django's password-reset tokens, a token is stateless: an HMAC, keyed with ``SECRET_KEY``, of
-the workload's identity (kind, id, workspace, launcher, creation time). Nothing that would let
-anyone act is stored, in the database or in the workload's row, and a restarted workload is
-handed the same token again. A new ``SECRET_KEY`` (the old one in ``SECRET_KEY_FALLBACKS`` until
-the workloads restart) ends every token of the old one.
+the workload's identity (kind, id, workspace, launcher, creation time) and of the launcher's
+credential stamp when the token was made (apps/accounts/stamps.py). Nothing that would let anyone
+act is stored, in the database or in the workload's row, and a restarted workload is handed the
+same token again while its launcher's credentials are unchanged. A password change, a
+deactivation or the end of a single sign-on session changes the stamp and so ends every token of
+the user's running workloads at once (a workload started again afterwards gets a new one). A new
+``SECRET_KEY`` (the old one in ``SECRET_KEY_FALLBACKS`` until the workloads restart) ends every
+token of the old one.
 """
 
 from __future__ import annotations
@@ -25,12 +41,17 @@ from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from apps.accounts.models import WorkloadUser
-from apps.compute.models import Instance, Notebook
+from apps.accounts.stamps import credential_stamp
+from apps.compute.models import Collaborator, Instance, Notebook
 from apps.jobs.models import Job
+from apps.workspaces.access import USE, VIEW, restrict
 
 PREFIX = "gpw_"
 _SALT = "apps.accounts.tokens.workload"
 _TOKEN_RE = re.compile(r"^gpw_(job|instance|notebook)_([1-9][0-9]{0,17})_([0-9a-f]{64})$")
+
+# Collaborator access, weakest first; "" is none at all.
+_ACCESS_RANK = {"": 0, Collaborator.Access.READ: 1, Collaborator.Access.WRITE: 2}
 
 # Each kind of workload, and the states in which its processes may run (and its token works).
 _KINDS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
@@ -45,8 +66,11 @@ def _kind(workload: Job | Instance | Notebook) -> str:
 
 
 def _signature(kind: str, workload: Any, secret: str | None = None) -> str:
+    """The HMAC of the workload's identity and of its launcher's credential stamp now, both keyed
+    with ``secret`` (``SECRET_KEY`` by default)."""
     created = int(workload.created_at.timestamp() * 1_000_000)
-    message = f"{kind}:{workload.pk}:{workload.workspace_id}:{workload.created_by_id}:{created}"
+    stamp = credential_stamp(workload.created_by, secret=secret)
+    message = f"{kind}:{workload.pk}:{workload.workspace_id}:{workload.created_by_id}:{created}:{stamp}"
     return salted_hmac(_SALT, message, secret=secret, algorithm="sha256").hexdigest()
 
 
@@ -73,22 +97,67 @@ def workload_env(workload: Job | Instance | Notebook) -> dict[str, str]:
 
 
 def user_for_token(key: str) -> WorkloadUser | None:
-    """Whom a workload token acts for, scoped to its workspace; None unless the token is genuine,
-    its workload still lives and its user is still active."""
+    """Whom a workload token acts for, scoped to its workspace (and, while its instance is shared,
+    confined to that instance); None unless the token is genuine, its workload still lives, and its
+    user is still active with the credentials they had when it was made."""
+    found = _workload_of(key)
+    if found is None:
+        return None
+    kind, workload = found
+    launcher = workload.created_by
+    if workload.state not in _KINDS[kind][1] or not launcher.is_active:
+        return None
+    user = WorkloadUser.acting_for(
+        launcher, workspace_id=workload.workspace_id, workload=f"{kind} {workload.pk}", in_workload=True
+    )
+    instance_id = _instance_of(kind, workload)
+    shared = _weakest_collaborator(instance_id) if instance_id is not None else None
+    if instance_id is not None and shared is not None:
+        user.confine_to_instance(instance_id, min(shared, _launcher_access(launcher, instance_id), key=_rank))
+    return user
+
+
+def _instance_of(kind: str, workload: Any) -> int | None:
+    """The instance whose sharing a workload's token follows: the instance itself, or the one a
+    notebook runs on; None for a job (jobs are not shared)."""
+    if kind == "instance":
+        return int(workload.pk)
+    return int(workload.instance_id) if kind == "notebook" else None
+
+
+def _workload_of(key: str) -> tuple[str, Any] | None:
+    """The kind and row of the workload a token names, if its signature is genuine under the
+    current secret key or a fallback one (and its launcher's stamp now)."""
     match = _TOKEN_RE.match(key)
     if match is None:
         return None
     kind, pk, signature = match.groups()
-    model, live = _KINDS[kind]
-    workload = model.objects.select_related("created_by").filter(pk=int(pk)).first()
+    workload = _KINDS[kind][0].objects.select_related("created_by").filter(pk=int(pk)).first()
     if workload is None or workload.created_by is None:
         return None
     secrets = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
     if not any(constant_time_compare(signature, _signature(kind, workload, secret)) for secret in secrets):
         return None
-    if workload.state not in live or not workload.created_by.is_active:
-        return None
-    return WorkloadUser.acting_for(workload.created_by, workspace_id=workload.workspace_id, workload=f"{kind} {pk}")
+    return kind, workload
+
+
+def _rank(access: str) -> int:
+    return _ACCESS_RANK.get(access, 0)  # an access this module does not know grants nothing
+
+
+def _weakest_collaborator(instance_id: int) -> str | None:
+    """The weakest access any collaborator of the instance holds; None when it is shared with nobody."""
+    held = set(Collaborator.objects.filter(instance_id=instance_id).values_list("access", flat=True))
+    return min(held, key=_rank) if held else None
+
+
+def _launcher_access(launcher: Any, instance_id: int) -> str:
+    """What the launcher may do on the instance now, as collaborator access: "write" (a member's
+    role, or write access), "read", or "" (nothing)."""
+    rows = Instance.objects.filter(pk=instance_id)
+    if restrict(rows, launcher, USE).exists():
+        return Collaborator.Access.WRITE
+    return Collaborator.Access.READ if restrict(rows, launcher, VIEW).exists() else ""
 
 
 def held_by_workloads(user: Any, limit: int = 50) -> list[tuple[str, Any]]:

@@ -3,29 +3,35 @@
 The caller has checked the acting user's role (a workspace's owner for its rules, a platform admin
 for rules over every workspace); these actions check what spans fields or reads the settings:
 a rule about every workspace, or a platform kind, is an admin's; a webhook is http(s), and a
-workspace owner's may not point at a loopback or private address unless
-`PORTAL_ALERTS_ALLOW_PRIVATE_WEBHOOKS` is on (delivery checks the addresses a name resolves to
-again, apps/alerts/delivery.py).
+workspace owner's may not point at a loopback, private or other non-public address, however
+written or resolved, unless `PORTAL_ALERTS_ALLOW_PRIVATE_WEBHOOKS` is on (apps/alerts/targets.py;
+delivery resolves and checks again, and connects to what it checked: apps/alerts/delivery.py);
+a rule's name is one short line of text, and the addresses an owner adds are its members' (the
+portal mails no one else on a tenant's word).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import unicodedata
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from apps.alerts import targets
 from apps.alerts.models import Alert, AlertRule
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
 from apps.errors import ActionError
 from apps.names import GPU_TYPE_RE
+from apps.workspaces.models import Workspace
 
 EDITABLE = (
     "name",
@@ -40,6 +46,7 @@ EDITABLE = (
     "webhook_url",
 )
 DEFAULT_SILENCE_S = 3600
+MAX_NAME = 100
 MAX_SILENCE_S = 30 * 86400
 
 
@@ -49,42 +56,79 @@ def is_admin(user: Any) -> bool:
     )
 
 
-def private_address(address: str) -> bool:
-    """Whether an IP address is one a tenant's webhook may not reach: loopback, private,
-    link-local (cloud metadata), reserved, multicast or unspecified."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not ip.is_global or ip.is_multicast
-
-
 def check_webhook_url(url: str, *, private_ok: bool) -> None:
-    """Refuse a webhook URL that is not http(s)://host[...], or, unless `private_ok`, whose host
-    is a loopback or private address written as such (or "localhost")."""
+    """Refuse a webhook URL that is not http(s)://host[...], or, unless `private_ok`, whose host is
+    or resolves to an address a tenant's webhook may not reach (apps/alerts/targets.py); a name
+    that does not resolve now is checked at each delivery."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
-        parts.port  # noqa: B018 (a bad port raises here)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise ActionError("Give an http:// or https:// URL.", field="webhook_url") from None
-    if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in url):
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() or ord(c) < 32 for c in url):
         raise ActionError("Give an http:// or https:// URL.", field="webhook_url")
     if private_ok:
         return
-    if host == "localhost" or host.endswith(".localhost"):
+    if targets.loopback_name(host):
         raise ActionError("A webhook may not point at this host (loopback).", field="webhook_url")
+    literal = targets.literal_address(host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            addresses = targets.resolve(host, port)
+        except (OSError, UnicodeError):
+            return  # not resolvable now: each delivery resolves and checks it
     try:
-        private = private_address(host)
-    except ValueError:
-        return  # a name: delivery checks what it resolves to
-    if private:
-        raise ActionError("A webhook may not point at a loopback, private or link-local address.", field="webhook_url")
+        targets.check_addresses(host, addresses)
+    except targets.Refused:
+        raise ActionError(
+            "A webhook may not point at a loopback, private, link-local or other non-public address.",
+            field="webhook_url",
+        ) from None
 
 
-def _check(rule: AlertRule, acting_user: Any) -> None:
-    admin = is_admin(acting_user)
-    if not rule.name.strip():
+def check_rule_name(name: str) -> None:
+    """A rule's name goes into mail subjects and bodies: a short line of text, no control characters."""
+    if not name.strip():
         raise ActionError("Give the rule a name.", field="name")
+    if len(name) > MAX_NAME:
+        raise ActionError(f"A rule's name is at most {MAX_NAME} characters.", field="name")
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+        raise ActionError("A rule's name is one line of text, without control characters.", field="name")
+
+
+def member_addresses(workspace: Workspace) -> set[str]:
+    """The email addresses (lowercase) of the workspace's active members: its members of any role,
+    the user it is assigned to and the people of the group it is assigned to. A user's address is
+    one a platform admin set, the identity provider vouched for, or an invitation's link proved:
+    users cannot change their own."""
+    people = Q(memberships__workspace=workspace)
+    if workspace.assigned_user_id is not None:
+        people |= Q(pk=workspace.assigned_user_id)
+    if workspace.assigned_group_id is not None:
+        people |= Q(groups=workspace.assigned_group_id)
+    users = get_user_model().objects.filter(people, is_active=True).exclude(email="")
+    return {address.lower() for address in users.values_list("email", flat=True)}
+
+
+def check_recipients(rule: AlertRule, added: list[str]) -> None:
+    """The addresses added to a workspace's rule by someone other than a platform admin must be its
+    members' (`member_addresses`): the portal mails no one else on a tenant's word."""
+    if not added:
+        return
+    allowed = member_addresses(rule.workspace) if rule.workspace is not None else set()
+    others = [address for address in added if address.lower() not in allowed]
+    if others:
+        raise ActionError(
+            f"{', '.join(others)}: alerts go only to the addresses of this workspace's members.", field="emails"
+        )
+
+
+def _check(rule: AlertRule, acting_user: Any, *, added_emails: list[str]) -> None:
+    admin = is_admin(acting_user)
+    check_rule_name(rule.name)
     if rule.kind in AlertRule.ADMIN_KINDS:
         if not admin:
             raise ActionError("Only platform admins may define this kind of rule.", field="kind")
@@ -105,8 +149,10 @@ def _check(rule: AlertRule, acting_user: Any) -> None:
             validate_email(address)
         except ValidationError:
             raise ActionError(f"{address!r} is not an email address.", field="emails") from None
-    if len(set(rule.emails)) != len(rule.emails):
+    if len({address.lower() for address in rule.emails}) != len(rule.emails):
         raise ActionError("An address is given twice.", field="emails")
+    if not admin:
+        check_recipients(rule, added_emails)
     if rule.webhook_url:
         check_webhook_url(
             rule.webhook_url, private_ok=rule.webhook_private_ok or settings.PORTAL_ALERTS_ALLOW_PRIVATE_WEBHOOKS
@@ -134,7 +180,7 @@ def do_save_rule(
         fields["emails"] = [str(e).strip() for e in fields["emails"]]
     if "webhook_url" in fields:
         fields["webhook_url"] = (fields["webhook_url"] or "").strip()
-    old_url = rule.webhook_url
+    old_url, old_emails, old_workspace = rule.webhook_url, rule.emails, rule.workspace_id
     changed = apply_changes(rule, fields)
     if webhook_secret is not None and webhook_secret != rule.webhook_secret:
         rule.webhook_secret = webhook_secret
@@ -143,7 +189,9 @@ def do_save_rule(
         rule.webhook_secret = ""
     if creating or rule.webhook_url != old_url:
         rule.webhook_private_ok = is_admin(acting_user)
-    _check(rule, acting_user)
+    # Addresses to check: the new ones, or all of them where the rule moves to another workspace.
+    kept = {address.lower() for address in old_emails} if rule.workspace_id == old_workspace and not creating else set()
+    _check(rule, acting_user, added_emails=[address for address in rule.emails if address.lower() not in kept])
     with transaction.atomic():
         rule.save()
         if creating:

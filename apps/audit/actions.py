@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.db import models
 from django.http import HttpRequest
 
+from apps.accounts.addresses import client_address
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
 
@@ -23,7 +24,9 @@ class Origin:
         agent = request.headers.get("User-Agent", "")
         if via == AuditEvent.Via.API and agent.startswith("gpuportal-cli"):
             via = AuditEvent.Via.CLI
-        return cls(via=via, ip_address=request.META.get("REMOTE_ADDR") or None)
+        # Behind the notebook proxy every request comes from the proxy: the client is the address it
+        # forwards (apps/accounts/addresses.py), taken only from a trusted proxy.
+        return cls(via=via, ip_address=client_address(request))
 
 
 SYSTEM = Origin()

@@ -91,6 +91,7 @@ class Event(StrEnum):
     JOB_REQUEUE = "job.requeue"
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
+    JOB_ARTIFACTS_LEFT_OUT = "job.artifacts_left_out"  # by the portal: files past the artifact limits
 
     # Alerts (apps/alerts): rules changed by users; alerts silenced, firing and resolved
     ALERT_RULE_CREATE = "alertrule.create"

@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.stamps import stamp_matches
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
 from apps.catalog.models import ComputeProfile, NotebookProfile
@@ -369,10 +370,19 @@ def check_notebook_secret(notebook: Notebook | None, presented: str) -> bool:
     return bool(presented) and hmac.compare_digest(expected.encode(), presented.encode())
 
 
-def notebook_user(notebook: Notebook, username: str) -> Any | None:
-    """The active user of that name, if they may use the notebook."""
+def notebook_user(notebook: Notebook, username: str, stamp: str) -> Any | None:
+    """The active user of that name, if they may use the notebook and ``stamp`` (what their session
+    on the notebook's server carries: apps/accounts/stamps.py) is still their credential stamp. A
+    password change, a deactivation or the end of their single sign-on ends that session."""
     user = get_user_model().objects.filter(username=username, is_active=True).first()
-    return user if user is not None and may_use_notebook(notebook, user) else None
+    if user is None or not stamp_matches(user, stamp):
+        return None
+    return user if may_use_notebook(notebook, user) else None
+
+
+def _drop_unredeemed_codes(notebook: Notebook) -> None:
+    """The sign-in codes of a notebook whose server is gone: none is redeemed by the next one."""
+    NotebookAuthCode.objects.filter(notebook=notebook, used_at__isnull=True).delete()
 
 
 def record_instance_start(instance: Instance, *, endpoint: str, restarted: bool) -> None:
@@ -431,6 +441,20 @@ def record_notebook_starting(notebook: Notebook) -> None:
         )
 
 
+def record_notebook_lost(notebook: Notebook) -> None:
+    """Its server's processes were found gone (the host starts it again next): it is starting, and
+    the codes issued for the server that died are void. Its route is removed by the caller."""
+    _drop_unredeemed_codes(notebook)
+    notebook.state = Notebook.State.STARTING
+    notebook.save(update_fields=["state"])
+    notify(
+        notebook.workspace_id,
+        "notebook",
+        {"id": notebook.pk, "state": notebook.state},
+        instance_id=notebook.instance_id,
+    )
+
+
 def record_notebook_ready(notebook: Notebook, *, target: str) -> None:
     """Its server answers, behind the proxy at `target`."""
     notebook.state = Notebook.State.READY
@@ -448,7 +472,9 @@ def record_notebook_ready(notebook: Notebook, *, target: str) -> None:
 
 
 def record_notebook_end(notebook: Notebook, state: str, reason: str = "") -> None:
-    """Record a notebook's end (its processes already stopped, or never started)."""
+    """Record a notebook's end (its processes already stopped, or never started); the sign-in
+    codes issued for it and not redeemed are void."""
+    _drop_unredeemed_codes(notebook)
     notebook.state = state
     notebook.failure_reason = reason[:2000]
     notebook.stopped_at = timezone.now()

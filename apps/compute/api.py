@@ -123,6 +123,7 @@ class InstanceViewSet(TenantViewSet):
 
     serializer_class = InstanceSerializer
     queryset = Instance.objects.all()
+    workload_tokens_may_change = True  # a workload's own token may change these (apps/api/permissions.py)
     filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "name": ["exact"]}
     ordering_fields = ["created_at", "name", "state"]
 
@@ -217,6 +218,7 @@ class NotebookViewSet(TenantViewSet):
 
     serializer_class = NotebookSerializer
     queryset = Notebook.objects.all()
+    workload_tokens_may_change = True  # a workload's own token may change these (apps/api/permissions.py)
     # Changing or stopping a notebook takes its use: a member's role, or write access to its instance.
     object_role = USE
     filterset_class = NotebookFilter

@@ -19,3 +19,17 @@ def check_sandbox(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register(Tags.security, deploy=True)
+def check_resource_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if settings.PORTAL_RESOURCE_LIMITS == "off":
+        return [
+            Warning(
+                "PORTAL_RESOURCE_LIMITS=off: local workloads run without CPU, memory or process limits.",
+                hint="Unset PORTAL_RESOURCE_LIMITS (cgroup) unless this is a single-user workstation; "
+                "see docs/security.md.",
+                id="gpuportal.W002",
+            )
+        ]
+    return []

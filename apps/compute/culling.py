@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,6 +40,7 @@ from apps.audit.events import Event
 from apps.compute.actions import do_cull_instance, do_cull_notebook
 from apps.compute.models import Instance, Notebook
 from apps.errors import ActionError
+from workers.backends.processes import http_get
 
 logger = logging.getLogger(__name__)
 
@@ -160,15 +159,15 @@ def gpu_busy_at(instance_id: int) -> datetime | None:
 
 
 def _ask(url: str, notebook: Notebook) -> list[dict[str, Any]] | None:
-    request = urllib.request.Request(url, headers={"Authorization": f"token {notebook.access_token}"})
+    """GET ``url`` of the notebook's server (its route's target: TCP, or a Unix socket) with its token."""
     try:
-        with urllib.request.urlopen(request, timeout=ASK_TIMEOUT_S) as response:
-            answer = json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
+        status, body = http_get(url, headers={"Authorization": f"token {notebook.access_token}"}, timeout=ASK_TIMEOUT_S)
+        if status == 404:
             return []
-        logger.warning("notebook %s answered %s to %s", notebook.pk, error.code, url)
-        return None
+        if status != 200:
+            logger.warning("notebook %s answered %s to %s", notebook.pk, status, url)
+            return None
+        answer = json.loads(body)
     except (OSError, ValueError):
         logger.warning("could not ask notebook %s for its activity", notebook.pk, exc_info=True)
         return None

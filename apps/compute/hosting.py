@@ -32,6 +32,7 @@ from apps.inventory.models import Allocation
 from apps.scheduling.trigger import request_environment_build, request_workload
 from apps.workloads import claims, host
 from apps.workloads.host import Kind, Phase
+from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, Endpoint, InstanceSpec, NotebookSpec, PolicyRefusal
 from workers.backends.pyenv import ensure_env, env_is_built
@@ -91,7 +92,10 @@ class InstanceKind(Kind):
             memory_gb=float(instance.memory_gb),
             users=sorted(members),
             run_as=run_as_for(instance.workspace, instance.cluster),
+            disk=disk_for(instance.workspace, instance.cluster),
             portal_env=workload_env(instance),
+            # Its own directory, not the workspace's: an instance may be shared with collaborators.
+            writable_dir=instance_dir(instance),
         )
 
     def record_start(self, row: Instance, endpoint: Endpoint, *, restarted: bool) -> None:
@@ -167,7 +171,9 @@ class NotebookKind(Kind):
             instance_state=dict(instance.backend_state or {}),
             auth_url=notebook_auth_url(notebook),
             run_as=run_as_for(notebook.workspace, instance.cluster),
+            disk=disk_for(notebook.workspace, instance.cluster),
             portal_env=workload_env(notebook),
+            writable_dir=instance_dir(instance),  # its instance's files, and nothing else of the workspace
         )
 
     def prepare_start(self, row: Notebook, backend: Backend) -> bool:
@@ -197,7 +203,10 @@ class NotebookKind(Kind):
         actions.record_notebook_end(row, Notebook.State.FAILED, reason)
 
     def mark_restarting(self, row: Notebook) -> None:
-        row.state = Notebook.State.STARTING
+        """Its server died: its route and its unredeemed sign-in codes go at once, before it is
+        started again (a code issued for the dead server opens nothing, nor does its host)."""
+        self.disconnect(row)
+        actions.record_notebook_lost(row)
 
     def before_stop(self, row: Notebook) -> None:
         self.disconnect(row)

@@ -5,6 +5,11 @@ target is the portal, and each ready notebook adds a route for its own host name
 (``<label>.<PORTAL_NOTEBOOK_DOMAIN>``, see apps/compute/hosts.py) to its server. The proxy keys
 such a route ``/<host>`` and matches it whatever the port in the request's Host header. Routes
 carry the notebook's id, so the reconcile loop can tell ours from stale ones after a crash.
+
+A route's target is where its server listens: on the local backend a Unix socket
+(``http+unix://<percent-encoded path>``) in a directory only the notebook's account and the
+portal's (which the proxy runs as) can enter, so that no other process can listen there, even
+after the server died; on Slurm, whose nodes are other machines, the node's address and port.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from typing import Any
 
 from django.conf import settings
 
+from workers.backends.processes import http_get
+
 TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 2.0
 
 
 class ProxyError(Exception):
@@ -67,3 +75,16 @@ def routes() -> dict[str, dict[str, Any]]:
     """The proxy's table: key -> {"target": ..., "portal_notebook": id, ...}."""
     table = _call("GET", "")
     return dict(table or {})
+
+
+def target_answers(target: str) -> bool:
+    """Whether a notebook server answers at ``target`` (a route's target): its ``/api``, which
+    needs no sign-in and tells nothing but the server's version. A server that exited answers
+    nothing (its socket refuses), so no sign-in code is issued for it."""
+    if not target:
+        return False
+    try:
+        status, _ = http_get(target.rstrip("/") + "/api", timeout=ANSWER_TIMEOUT_S)
+    except OSError:
+        return False
+    return status == 200

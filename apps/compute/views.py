@@ -4,8 +4,11 @@ A browser without a session on a notebook's host is sent to ``authorize``, on th
 origin, where the portal's session lives. For a signed-in user who may use the notebook, it
 issues a one-time code and sends the browser to the notebook host's callback; the server there
 redeems the code over the portal's internal URL (``redeem_code``), authenticating with its own
-secret, and sets a cookie of its own. On every later request it asks ``check_user`` whether the
-user may still use it. The portal's cookies never leave its own host.
+secret, and sets a cookie of its own, which holds the user's credential stamp (apps/accounts/
+stamps.py). On every later request, and every second for each open WebSocket, it asks
+``check_user`` whether the user may still use it with that stamp: no longer once their access
+ends, their password changes or their account is deactivated. The portal's cookies never leave
+its own host.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.accounts.stamps import credential_stamp
 from apps.audit.actions import Origin
 from apps.audit.models import AuditEvent
-from apps.compute import actions, hosts
+from apps.compute import actions, hosts, proxy
 from apps.compute.models import Notebook
 from apps.web.common import page
 from apps.workspaces.access import VIEW, restrict
@@ -34,7 +38,9 @@ NO_SUCH_NOTEBOOK = "No such notebook."
 @require_GET
 def authorize(request: HttpRequest, label: str) -> HttpResponse:
     """Sign the browser in to the notebook of ``label``: 404 alike for a notebook that does not
-    exist and one the user cannot see, 403 for a viewer, a waiting page while it starts."""
+    exist and one the user cannot see, 403 for a viewer, a waiting page while it starts, and
+    while its server does not answer (it died, and is about to be started again): no code is
+    issued for a server that is not there."""
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path(), "web:login")
     pk = hosts.pk_of_label(label)
@@ -45,9 +51,11 @@ def authorize(request: HttpRequest, label: str) -> HttpResponse:
         raise PermissionDenied(
             f"Viewers of {notebook.workspace.name} cannot open its notebooks; ask an owner for member access."
         )
-    if notebook.state != Notebook.State.READY:
+    if notebook.state != Notebook.State.READY or not proxy.target_answers(notebook.proxy_target):
         status = 503 if notebook.state in Notebook.LIVE_STATES else 404
-        response = page(request, "web/notebooks/not_ready.html", {"notebook": notebook}, status=status)
+        restarting = notebook.state == Notebook.State.READY
+        context = {"notebook": notebook, "restarting": restarting}
+        response = page(request, "web/notebooks/not_ready.html", context, status=status)
         if status == 503:
             response["Retry-After"] = "3"
         return response
@@ -87,7 +95,8 @@ def server_config(request: HttpRequest, pk: int) -> JsonResponse:
 @never_cache
 @require_POST
 def redeem_code(request: HttpRequest, pk: int) -> JsonResponse:
-    """The user a one-time code was issued to, for the notebook's server that presents it."""
+    """The user a one-time code was issued to, for the notebook's server that presents it, and
+    their credential stamp, which the server keeps in its session and sends with each check."""
     try:
         notebook = _server_notebook(request, pk)
     except PermissionDenied as exc:
@@ -96,7 +105,7 @@ def redeem_code(request: HttpRequest, pk: int) -> JsonResponse:
     user = actions.do_redeem_notebook_code(notebook, code) if code else None
     if user is None:
         return _refused("The code is unknown, spent, expired or another notebook's.")
-    return JsonResponse({"username": user.get_username()})
+    return JsonResponse({"username": user.get_username(), "stamp": credential_stamp(user)})
 
 
 def _posted_code(request: HttpRequest) -> str:
@@ -111,12 +120,14 @@ def _posted_code(request: HttpRequest) -> str:
 @never_cache
 @require_GET
 def check_user(request: HttpRequest, pk: int, username: str) -> JsonResponse:
-    """200 if ``username`` may still use the notebook, 403 if not (or no longer)."""
+    """200 if ``username`` may still use the notebook with the credential stamp ``?stamp=`` (the
+    one the server was handed with the user's code), 403 if not (or no longer)."""
     try:
         notebook = _server_notebook(request, pk)
     except PermissionDenied as exc:
         return _refused(str(exc))
-    user = actions.notebook_user(notebook, username)
+    stamp = request.GET.get("stamp", "")
+    user = actions.notebook_user(notebook, username, stamp) if 0 < len(stamp) <= 100 else None
     if user is None:
         return _refused(f"{username} may not use this notebook.")
     return JsonResponse({"username": user.get_username()})

@@ -19,7 +19,8 @@ from apps.web.common import action_kwargs, admin_only, page
 from apps.web.usage import quota_use
 from apps.workspaces import actions
 from apps.workspaces.api import CohortSerializer, GPUQuotaSerializer, WorkspaceSerializer
-from apps.workspaces.models import Cohort, GPUQuota, Workspace
+from apps.workspaces.disks import disk_summary
+from apps.workspaces.models import Cohort, GPUQuota, Workspace, WorkspaceDisk
 
 TEXT = (
     "name",
@@ -31,6 +32,7 @@ TEXT = (
     "max_notebooks",
     "cpu_cores",
     "memory_gb",
+    "disk_gb",
     "max_runtime_s",
     "max_idle_s",
     "fair_share_weight",
@@ -119,6 +121,7 @@ def workspace_edit(request: HttpRequest, name: str | None = None) -> HttpRespons
         "errors": errors,
         "quotas": workspace.gpu_quotas.order_by("gpu_type") if workspace.pk else [],
         "usage": {row.gpu_type: row for row in quota_use([workspace])} if workspace.pk else {},
+        "disk_help": disk_summary(WorkspaceDisk.objects.filter(workspace=workspace).first() if workspace.pk else None),
         "quota_values": {},
         "quota_errors": {},
         "groups": Group.objects.order_by("name"),

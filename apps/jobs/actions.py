@@ -7,7 +7,8 @@ its transaction.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,9 +21,9 @@ from apps.audit.actions import SYSTEM, Origin, do_log_event
 from apps.audit.events import JOB_ENDS, Event
 from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster, Node
-from apps.jobs.models import Job, JobAttempt
+from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.scheduling.limits import check_request_size, gpus_per_node, replica_slots
-from apps.scheduling.trigger import request_cycle, request_workload
+from apps.scheduling.trigger import request_artifacts, request_cycle, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
 
@@ -361,10 +362,62 @@ def record_job_end(job: Job, state: str, *, exit_code: int | None, reason: str) 
     request_cycle()
 
 
-def record_job_stop(job: Job) -> None:
-    """Its backend stopped a cancelled or preempted job: a preempted one goes back in line."""
-    job.save()
+def record_job_stop(job: Job, *, ran: bool) -> None:
+    """Its backend stopped a cancelled or preempted job: a preempted one goes back in line (what it
+    left stays in its directory, for its next run's artifacts); the artifacts of a cancelled one
+    whose processes `ran` until now are recorded next, off this transaction."""
     if job.state == Job.State.PREEMPTED:
+        job.save()
         do_requeue_job(job, reason=job.wait_reason or "preempted", outcome="preempted")
-    else:
-        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
+        return
+    if ran:
+        _artifacts_wait(job)
+    job.save()
+    notify(job.workspace_id, "job", {"id": job.pk, "state": job.state})
+
+
+def record_job_exit(job: Job, *, exit_code: int | None, reason: str) -> None:
+    """Its processes exited (the host recorded its backend stopped). Its end is recorded once its
+    artifacts are, which are read off this transaction (apps/jobs/artifacts.py): until then it
+    stays RUNNING, its exit code and reason kept on it and on its attempt."""
+    job.exit_code = exit_code
+    _artifacts_wait(job)
+    job.save()
+    job.attempt_set.filter(finished_at__isnull=True).update(exit_code=exit_code, reason=reason[:2000])
+
+
+def _artifacts_wait(job: Job) -> None:
+    """Mark the job's artifacts as waiting to be recorded; with workers, ask one to, on commit."""
+    job.artifacts_pending_since = timezone.now()
+    if settings.PORTAL_WORKLOAD_TRIGGER == "task":
+        request_artifacts(job.pk)
+
+
+def record_job_artifacts(job: Job, files: Sequence[tuple[str, int, str]], *, note: str, claim: datetime) -> Job | None:
+    """Record the files, ``(path, size, sha256)``, the collection that claimed the job at `claim`
+    found, and `note`, what it left out and why ("" if nothing), in one short transaction; then
+    the end of a job that waits for it. A note is also an audit event. Nothing is written if
+    another collection has claimed the job since."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("workspace").filter(pk=job.pk).first()
+        if job is None or job.artifacts_pending_since != claim:
+            return job
+        Artifact.objects.bulk_create(
+            [Artifact(job=job, path=path, size_bytes=size, sha256=sha256) for path, size, sha256 in files],
+            batch_size=1000,
+            update_conflicts=True,
+            unique_fields=["job", "path"],
+            update_fields=["size_bytes", "sha256"],
+        )
+        job.artifacts_note = note[:500]
+        job.artifacts_pending_since = None
+        if note:
+            do_log_event(Event.JOB_ARTIFACTS_LEFT_OUT, job, workspace=job.workspace, data={"note": note})
+        if job.awaits_end:
+            attempt = job.attempt_set.order_by("-number").first()
+            outcome = Job.State.SUCCEEDED if job.exit_code == 0 else Job.State.FAILED
+            record_job_end(job, outcome, exit_code=job.exit_code, reason=attempt.reason if attempt else "")
+            return job
+        job.save(update_fields=["artifacts_note", "artifacts_pending_since"])
+        notify(job.workspace_id, "job", {"id": job.pk, "state": job.state, "artifacts_note": job.artifacts_note})
+    return job

@@ -66,9 +66,10 @@ class JobSerializer(WorkloadStatusMixin, StrictModelSerializer):
             "artifact_paths", "state", "failure_reason", "exit_code", "attempts", "progress", "wait_reason",
             "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster",
             "created_by", "created_at", "admitted_at", "started_at", "finished_at", "attempt_history", "artifacts",
+            "artifacts_note",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "exit_code", "attempts", "progress", "admitted_at",
-                            "started_at", "finished_at"]  # fmt: skip
+                            "started_at", "finished_at", "artifacts_note"]  # fmt: skip
 
 
 class JobViewSet(TenantViewSet):
@@ -80,6 +81,7 @@ class JobViewSet(TenantViewSet):
 
     serializer_class = JobSerializer
     queryset = Job.objects.all()
+    workload_tokens_may_change = True  # a workload's own token may submit and cancel jobs (apps/api/permissions.py)
     http_method_names = ["get", "post", "head", "options"]
     filterset_fields = {"workspace__name": ["exact"], "state": ["exact", "in"], "name": ["exact"]}
     ordering_fields = ["created_at", "priority", "state", "cluster_queue_position"]

@@ -1,8 +1,9 @@
 """Jobs as a kind of workload of the host (apps/workloads/host.py).
 
 An admitted job is started; a running one is watched until it exits (its progress recorded on
-the way); a cancelled or preempted one is stopped, and a preempted one then goes back in line. Its
-backend state is kept once it stopped, so that its logs and artifacts stay readable.
+the way), and its end is recorded once its artifacts are (apps/jobs/artifacts.py); a cancelled or
+preempted one is stopped, and a preempted one then goes back in line. Its backend state is kept
+once it stopped, so that its logs and artifacts stay readable.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from django.db.models import Q
 
 from apps.accounts.tokens import workload_env
 from apps.inventory.models import Allocation
-from apps.jobs import actions
-from apps.jobs.models import Artifact, Job
+from apps.jobs import actions, artifacts
+from apps.jobs.models import Job
 from apps.workloads.host import STOP_GRACE_S, Kind, Phase
+from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, Endpoint, JobSpec, Progress, Status
 from workers.backends.files import open_inside
@@ -81,6 +83,7 @@ class JobKind(Kind):
             max_runtime_s=float(job.max_runtime_s) if job.max_runtime_s else None,
             artifact_paths=list(job.artifact_paths),
             run_as=run_as_for(job.workspace, job.cluster),
+            disk=disk_for(job.workspace, job.cluster),
             portal_env=workload_env(job),  # the SDK and CLI work in the job, acting for its submitter
         )
 
@@ -101,28 +104,28 @@ class JobKind(Kind):
             actions.record_job_progress(row, progress.fraction)
 
     def record_exit(self, row: Job, backend: Backend, status: Status, progress: Progress | None) -> None:
-        _record_artifacts(row, backend)
+        # Its end is recorded with its artifacts, read once this transaction committed (`ended`).
         if progress is not None and progress.fraction is not None:
             row.progress = progress.fraction
-        outcome = Job.State.SUCCEEDED if status.exit_code == 0 else Job.State.FAILED
-        actions.record_job_end(row, outcome, exit_code=status.exit_code, reason=status.message)
+        actions.record_job_exit(row, exit_code=status.exit_code, reason=status.message)
 
     def record_stop(self, row: Job, backend: Backend | None) -> None:
-        if backend is not None:
-            _record_artifacts(row, backend)
-        actions.record_job_stop(row)
+        actions.record_job_stop(row, ran=backend is not None)
+
+    def ended(self, row: Job) -> None:
+        """Without workers, this process records the artifacts it marked waiting (with them, a
+        task does: apps/jobs/artifacts.py)."""
+        if row.artifacts_pending_since is not None and settings.PORTAL_WORKLOAD_TRIGGER != "task":
+            artifacts.collect(row.pk)
+
+    def upkeep(self) -> dict[str, int]:
+        """Ask again for artifacts whose collection was lost (a worker that died meanwhile)."""
+        return {"artifacts_resumed": artifacts.resume_lost()}
 
     def record_host_stop(self, row: Job) -> None:
         row.save()
         if not row.is_final:  # a running or preempted job runs again at the next start
             actions.do_requeue_job(row, reason="the portal stopped")
-
-
-def _record_artifacts(job: Job, backend: Backend) -> None:
-    for artifact in backend.artifacts():
-        Artifact.objects.update_or_create(
-            job=job, path=artifact.path, defaults={"size_bytes": artifact.size, "sha256": artifact.sha256}
-        )
 
 
 def artifact_file(job: Job, path: str) -> BinaryIO | None:

@@ -39,6 +39,11 @@ class Job(Workload):
     stop_grace_s = models.FloatField(null=True, blank=True)
     # How often it was requeued for not running in time (its backoff doubles each time).
     unready_requeues = models.PositiveIntegerField(default=0)
+    # Since when its artifacts wait to be recorded, once its processes ended (apps/jobs/artifacts.py):
+    # a job that exited is recorded as ended only after them. Null: none wait.
+    artifacts_pending_since = models.DateTimeField(null=True, blank=True)
+    # What of its output was not recorded, and why ("artifacts not collected: ..."), shown with it.
+    artifacts_note = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -50,6 +55,12 @@ class Job(Workload):
     @property
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
+
+    @property
+    def awaits_end(self) -> bool:
+        """Its processes exited and its end is recorded once its artifacts are (it may have been
+        preempted meanwhile: its processes ended all the same)."""
+        return self.state in (self.State.RUNNING, self.State.PREEMPTED) and self.backend_stopped
 
 
 class JobAttempt(models.Model):

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 SCHEDULE_CYCLE = "portal.schedule_cycle"
 CONVERGE = "portal.converge"
 BUILD_NOTEBOOK_ENVIRONMENT = "portal.build_notebook_environment"
+COLLECT_ARTIFACTS = "portal.collect_artifacts"
 
 
 def request_cycle() -> None:
@@ -45,6 +46,12 @@ def request_environment_build(notebook_id: int) -> None:
     """Once committed, have a worker build a starting notebook's environment (a task of its own,
     on the provision queue, which asks for the notebook's start again once built)."""
     _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, BUILD_NOTEBOOK_ENVIRONMENT, lambda: (notebook_id,))
+
+
+def request_artifacts(job_id: int) -> None:
+    """Once committed, have a worker record what an ended job left (its artifacts, then its end:
+    apps/jobs/artifacts.py), on the provision queue."""
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, COLLECT_ARTIFACTS, lambda: (job_id,))
 
 
 def _on_commit(mode: str, name: str, args: Callable[[], tuple[Any, ...]]) -> None:

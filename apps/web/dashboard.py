@@ -1,4 +1,5 @@
-"""A workspace's dashboard: my queue, GPU use over time against the quota, my jobs' progress."""
+"""A workspace's dashboard: my queue, GPU use over time against the quota, my jobs' progress, and
+its disk against its disk quota."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from apps.jobs.models import Job
 from apps.web.common import is_fragment, page, signed_in, workspace_for
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, measured_series, quota_use
+from apps.workspaces import disks
 from apps.workspaces.access import MANAGE, can
-from apps.workspaces.models import GPUQuota
+from apps.workspaces.models import GPUQuota, WorkspaceDisk
 
 SHOWN = 20
 
@@ -39,6 +41,9 @@ def dashboard(request: HttpRequest, ws: str) -> HttpResponse:
         "windows": list(WINDOWS),
         "window": request.GET.get("window", DEFAULT_WINDOW),
         "may_manage": can(request.user, workspace, MANAGE),  # its owners see its GPU-hours report
+        # Its disk as the scheduler loop last measured it (apps/workspaces/disks.py): no walk here.
+        "disk": WorkspaceDisk.objects.filter(workspace=workspace).first(),
+        "disk_enforced": disks.enforced(),
     }
     template = "web/_dashboard_body.html" if is_fragment(request) else "web/dashboard.html"
     return page(request, template, context)

@@ -1,5 +1,6 @@
-"""The sign-in page: Django's own, refusing with 429 while its account or address has failed too
-often (apps/accounts/throttle.py), without checking the password."""
+"""The sign-in page: Django's own, refusing with 429 while its account (however its name is typed)
+or its client's address has failed too often (apps/accounts/throttle.py), without checking the
+password."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.contrib import auth
+from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -19,7 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from mozilla_django_oidc import views as oidc_views
 
-from apps.accounts import oidc
+from apps.accounts import actions, oidc, sso_session
 from apps.audit.actions import Origin, do_log_failed_sign_in
 from apps.audit.models import AuditEvent
 
@@ -58,23 +59,35 @@ class SsoStart(oidc_views.OIDCAuthenticationRequestView):
 
 
 class SsoCallback(oidc_views.OIDCAuthenticationCallbackView):
-    """Back from the provider: the code exchanged and checked, the user signed in."""
+    """Back from the provider: the code exchanged and checked, the user signed in. Or the answer to a
+    session's check (apps/accounts/sso_session.py): the session goes on, or, where the provider no
+    longer signs the user in, it and the user's other access end; if the check itself fails, this
+    session ends."""
 
     get_settings = staticmethod(oidc.get_settings)
 
     def get(self, request: HttpRequest) -> HttpResponse:
         if not oidc.enabled():
             raise Http404("Single sign-on is not configured.")
+        checking = sso_session.answers_check(request)
         if request.GET.get("error"):
-            said = request.GET.get("error_description") or request.GET["error"]
+            said = (request.GET.get("error_description") or request.GET["error"])[:300]
             states = request.session.get("oidc_states") or {}
             if states.pop(request.GET.get("state", ""), None) is not None:  # never usable again
                 request.session["oidc_states"] = states
-            return failure(request, f"The identity provider did not sign you in: {said[:300]}", status=403)
+            if checking:
+                return _no_longer_signed_in(request, said)
+            return failure(request, f"The identity provider did not sign you in: {said}", status=403)
+        answer = self._exchange(request)
+        if checking and not (answer.status_code == 302 and request.user.is_authenticated):
+            auth.logout(request)  # a check that could not be made: this session ends
+        return answer
+
+    def _exchange(self, request: HttpRequest) -> HttpResponse:
         if "code" not in request.GET or "state" not in request.GET:
             return failure(request, "This sign-in link is incomplete. Start again from the sign-in page.", status=400)
         try:
-            answer = super().get(request)
+            answer: HttpResponse = super().get(request)
         except SuspiciousOperation as error:
             logger.warning("a sign-in through the provider was refused: %s", error)
             message = (
@@ -95,6 +108,21 @@ class SsoCallback(oidc_views.OIDCAuthenticationCallbackView):
             return failure(self.request, message, status=403, tried=user.get_username())
         message = "This sign-in could not be checked. Start again from the sign-in page."
         return failure(self.request, message, status=400)
+
+
+def _no_longer_signed_in(request: HttpRequest, said: str) -> HttpResponse:
+    """The provider, asked about a signed-in user, no longer signs them in: their session ends here,
+    and every other access of theirs with it."""
+    user = get_user_model().objects.get(pk=request.user.pk)
+    origin = Origin.from_request(request, via=AuditEvent.Via.WEB)
+    auth.logout(request)
+    reason = f"{settings.PORTAL_OIDC_PROVIDER_NAME} no longer signs them in"
+    actions.do_end_sso_access(user, reason=reason, origin=origin)
+    message = (
+        f"You were signed out: {settings.PORTAL_OIDC_PROVIDER_NAME} no longer signs you in ({said}). Your API "
+        "tokens were revoked. Sign in again to go on."
+    )
+    return render(request, "web/login.html", {"sso_error": message, **sso_context()}, status=403)
 
 
 @require_POST

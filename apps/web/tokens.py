@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.cache import never_cache
 
 from apps.accounts.api import ApiTokenSerializer
-from apps.accounts.api_tokens import do_create_token, do_revoke_token
+from apps.accounts.api_tokens import default_days_for, do_create_token, do_revoke_token, max_days_for
 from apps.accounts.models import ApiToken
 from apps.accounts.tokens import held_by_workloads
 from apps.errors import ActionError
@@ -28,10 +28,6 @@ FIELDS = ("name", "expires_in_days", "scope", "workspace")
 PER_PAGE = 50
 REVOKED_REASON = "revoked by its user"  # as the API says it (DELETE /api/v1/tokens/<id>/)
 TONES = {"active": "ok", "expired": "off", "revoked": "bad"}
-
-
-def default_days() -> int:
-    return min(90, int(settings.PORTAL_API_TOKEN_MAX_DAYS))
 
 
 def _create(request: HttpRequest, values: dict[str, str], errors: Errors) -> str | None:
@@ -55,7 +51,7 @@ def _make(request: HttpRequest, checked: dict[str, Any]) -> tuple[ApiToken, str]
     return do_create_token(
         request.user,
         name=checked["name"],
-        expires_in_days=checked.get("expires_in_days", default_days()),
+        expires_in_days=checked.get("expires_in_days", default_days_for(request.user)),
         scope=checked.get("scope", ApiToken.Scope.WRITE),
         workspace=checked.get("workspace"),
         limited=True,
@@ -78,9 +74,10 @@ def _revoke(request: HttpRequest) -> str:
 def _rows(request: HttpRequest) -> Any:
     tokens = ApiToken.objects.filter(user=request.user).select_related("workspace").order_by("-created_at", "-pk")
     page_obj = Paginator(tokens, PER_PAGE).get_page(request.GET.get("page"))
-    state = ApiTokenSerializer().get_state
+    serializer = ApiTokenSerializer()
     for token in page_obj:
-        token.state = state(token)  # type: ignore[attr-defined]
+        token.state = serializer.get_state(token)  # type: ignore[attr-defined]
+        token.expires_at = serializer.expires_at_of(token)  # when it stops working, for the page alone
         token.tone = TONES[token.state]  # type: ignore[attr-defined]
     return page_obj
 
@@ -89,7 +86,8 @@ def _rows(request: HttpRequest) -> Any:
 @signed_in
 def tokens(request: HttpRequest) -> HttpResponse:
     errors: Errors = {}
-    values = {"name": "", "expires_in_days": str(default_days()), "scope": ApiToken.Scope.WRITE, "workspace": ""}
+    days = str(default_days_for(request.user))
+    values = {"name": "", "expires_in_days": days, "scope": ApiToken.Scope.WRITE, "workspace": ""}
     new_token = None
     if request.method == "POST":
         if request.POST.get("action") == "revoke":
@@ -108,7 +106,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
         "errors": errors,
         "values": values,
         "scopes": ApiToken.Scope.choices,
-        "expiry_help": f"{settings.PORTAL_API_TOKEN_MAX_DAYS} days at most.",
+        "expiry_help": f"{max_days_for(request.user)} days at most.",
         "portal_url": settings.PORTAL_PUBLIC_URL,
         "live_workspaces": [],  # no workspace's work is shown here
         "workloads": held_by_workloads(request.user),

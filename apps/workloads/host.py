@@ -131,6 +131,11 @@ class Kind:
     def record_stop(self, row: Any, backend: Backend | None) -> None:
         raise NotImplementedError
 
+    def ended(self, row: Any) -> None:
+        """After its exit or stop was recorded and committed, in the process that recorded it, with
+        no transaction of the host's open: what may take long and reads what the workload left (a
+        job's artifacts) is done here or handed to a task, never under the row's lock."""
+
     def record_host_stop(self, row: Any) -> None:
         """The embedded portal stopped its processes on this machine on its way down."""
         raise NotImplementedError
@@ -262,6 +267,7 @@ def _watch(kind: Kind, pk: int) -> Any | None:
         row.backend_stopped = True
         row.backend_state = backend.get_state()
         kind.record_exit(row, backend, status, progress)
+    kind.ended(row)
     return row
 
 
@@ -311,7 +317,8 @@ def stop(kind: Kind, pk: int) -> Any:
                 row.backend_state = backend.get_state() if kind.keeps_state_after_stop else None
                 row.backend_stopped = kind.keeps_state_after_stop
             kind.record_stop(row, backend)
-            return row
+        kind.ended(row)
+        return row
     raise BackendError(f"{kind.key(pk)} was started again while it was being stopped", permanent=False)
 
 

@@ -11,7 +11,17 @@ member of its workspace: a model that names the way to its collaborators (`COLLA
 instance, and its notebooks) is found for them too. Read access lets them see it (VIEW); write
 access lets them work in it (USE: open and start its notebooks, take its kubeconfig). Nothing
 changes the instance itself for them (CHANGE), and nothing else of the workspace is found.
-Collaborations are a person's: a workload's token, bound to its own workspace, has none.
+Collaborations are a person's: a workload's token, bound to its own workspace, carries none of
+its user's.
+
+What runs in a shared workload never holds one person's credential. The token of an instance
+that has collaborators, and of the notebooks on it, is confined to that instance
+(`instance_scope`, decided at each request since sharing changes while it runs): it acts as a
+collaborator of that instance would, with the weakest access any collaborator holds (and never
+more than its launcher's own), and holds no role in the workspace. Without collaborators it acts
+for its launcher in its workspace again. Whatever it acts as, a workload's token never
+administers anything: memberships, sharing, invitations, tokens and a workspace's settings are
+refused to it whatever the role (apps/api/permissions.py).
 """
 
 from __future__ import annotations
@@ -46,10 +56,17 @@ def _scope(user: Any) -> int | None:
     return getattr(user, "workspace_scope", None)
 
 
+def _confined(user: Any) -> tuple[int, str] | None:
+    """The one instance a shared workload's token may act on, and the collaborator access it acts
+    with there ("read", "write", or "" for none); None for any other credential."""
+    instance = getattr(user, "instance_scope", None)
+    return None if instance is None else (instance, getattr(user, "instance_access", ""))
+
+
 def workspace_ids(user: Any, role: str = VIEW) -> QuerySet[Workspace]:
     """A subquery of the ids of the workspaces where `user` holds at least `role`."""
     role = CHANGE if role == USE else role
-    if not getattr(user, "is_authenticated", False):
+    if not getattr(user, "is_authenticated", False) or _confined(user) is not None:
         return Workspace.objects.none().values("pk")
     scope = _scope(user)
     if scope is not None and getattr(user, "owner_in_scope", False):
@@ -82,7 +99,13 @@ def collaborator_grant(model: type[Model], user: Any, role: str) -> Q | None:
 
     field = getattr(model, "COLLABORATORS", None)
     access = _COLLABORATOR_ACCESS.get(role)
-    if field is None or access is None or not getattr(user, "is_authenticated", False) or _scope(user) is not None:
+    if field is None or access is None or not getattr(user, "is_authenticated", False):
+        return None
+    confined = _confined(user)
+    if confined is not None:  # a shared workload's token: its own instance, as a collaborator
+        instance_id, held = confined
+        return Q(**{field: instance_id}) if held in access else None
+    if _scope(user) is not None:
         return None
     instances = Collaborator.objects.filter(user=user, access__in=access).values("instance_id")
     return Q(**{f"{field}__in": instances})
@@ -102,7 +125,7 @@ def role_in(user: Any, workspace: Workspace) -> str | None:
 def roles_in(user: Any, ids: Iterable[int]) -> dict[int, str | None]:
     """`role_in()` for the workspaces with these ids, in three queries: for lists."""
     held: dict[int, set[str]] = {pk: set() for pk in ids}
-    if not getattr(user, "is_authenticated", False):
+    if not getattr(user, "is_authenticated", False) or _confined(user) is not None:
         return dict.fromkeys(held)
     scope = _scope(user)
     if scope is not None and getattr(user, "owner_in_scope", False):

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
 from apps.errors import ActionError, Conflict
 from apps.names import GPU_TYPE_RE
 from apps.scheduling.trigger import request_cycle
-from apps.workspaces.models import Cohort, GPUQuota, Membership, Role, Workspace
+from apps.workspaces.models import GIB, Cohort, GPUQuota, Membership, Role, Workspace, WorkspaceDisk
+
+if TYPE_CHECKING:
+    from workers.backends.diskquota import DiskUsage
 
 
 def parse_gpu_quota(spec: str) -> dict[str, Decimal]:
@@ -84,10 +88,15 @@ def do_create_workspace(*, acting_user: Any, origin: Origin = SYSTEM, **fields: 
 
 
 def do_update_workspace(workspace: Workspace, *, acting_user: Any, origin: Origin = SYSTEM, **fields: Any) -> Workspace:
-    """Change a workspace's description, assignment, limits or policies."""
+    """Change a workspace's description, assignment, limits or policies.
+
+    A smaller disk quota is refused while the workspace's files (as last measured) would not fit;
+    the scheduler loop applies a new quota to the disk (apps/workspaces/disks.py)."""
     allowed_profiles = fields.pop("allowed_profiles", None)
     with transaction.atomic():
         workspace = Workspace.objects.select_for_update().get(pk=workspace.pk)
+        if "disk_gb" in fields:
+            _check_disk_fits(workspace, fields["disk_gb"])
         changed = apply_changes(workspace, fields)
         workspace.full_clean(exclude=["allowed_profiles"])
         workspace.save()
@@ -101,8 +110,40 @@ def do_update_workspace(workspace: Workspace, *, acting_user: Any, origin: Origi
     return workspace
 
 
+def _check_disk_fits(workspace: Workspace, disk_gb: Any) -> None:
+    """``ActionError`` on ``disk_gb`` where a smaller quota would not hold the files measured last."""
+    measured = WorkspaceDisk.objects.filter(workspace=workspace).first()
+    if measured is None or not isinstance(disk_gb, int) or disk_gb >= workspace.disk_gb:
+        return
+    needed = -(-measured.used_bytes // GIB)  # whole GB, rounded up
+    if disk_gb < needed:
+        raise ActionError(
+            f"The workspace's files take {needed} GB of its disk: free space there before lowering its "
+            "quota below that.",
+            field="disk_gb",
+        )
+
+
+def record_disk_usage(workspace: Workspace, usage: DiskUsage, *, note: str = "") -> WorkspaceDisk:
+    """Record what the workspace's disk holds, as the scheduler loop measured it (an observation, as
+    a job's progress is: no audit event)."""
+    disk, _ = WorkspaceDisk.objects.update_or_create(
+        workspace=workspace,
+        defaults={
+            "size_bytes": usage.size_bytes,
+            "used_bytes": usage.used_bytes,
+            "largest": [{"name": name, "bytes": size} for name, size in usage.largest],
+            "complete": usage.complete,
+            "note": note[:500],
+            "measured_at": timezone.now(),
+        },
+    )
+    return disk
+
+
 def do_delete_workspace(workspace: Workspace, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
-    """Delete a workspace that has nothing live in it."""
+    """Delete a workspace that has nothing live in it (its disk, if it has one, goes with the scheduler
+    loop's next upkeep: apps/workspaces/disks.py)."""
     from apps.compute.models import Instance
     from apps.jobs.models import Job
 

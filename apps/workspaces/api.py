@@ -19,7 +19,7 @@ from apps.errors import RULE
 from apps.jobs.models import Job
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, restrict, role_in, roles_in
-from apps.workspaces.models import Cohort, GPUQuota, Membership, Workspace
+from apps.workspaces.models import Cohort, GPUQuota, Membership, Workspace, WorkspaceDisk
 
 User = get_user_model()
 
@@ -71,6 +71,22 @@ class GPUQuotaSerializer(StrictModelSerializer):
         return f"{used:.2f}"
 
 
+class DiskEntrySerializer(serializers.Serializer):
+    name = serializers.CharField(read_only=True)
+    bytes = serializers.IntegerField(read_only=True)
+
+
+class WorkspaceDiskSerializer(serializers.ModelSerializer):
+    """What the workspace's disk on the local backend holds, as the portal last measured it."""
+
+    largest = DiskEntrySerializer(many=True, read_only=True, help_text="Its largest top-level entries, largest first.")
+
+    class Meta:
+        model = WorkspaceDisk
+        fields = ["size_bytes", "used_bytes", "largest", "complete", "note", "measured_at"]
+        read_only_fields = fields
+
+
 class WorkspaceSerializer(StrictModelSerializer):
     name = NameField()
     cohort = serializers.SlugRelatedField(
@@ -91,15 +107,20 @@ class WorkspaceSerializer(StrictModelSerializer):
         required=False,
     )
     gpu_quotas = serializers.SerializerMethodField()
+    disk = WorkspaceDiskSerializer(
+        read_only=True,
+        allow_null=True,
+        help_text="Its disk on this machine (the local backend) as last measured; null before its first workload.",
+    )
     my_role = serializers.SerializerMethodField()
 
     class Meta:
         model = Workspace
         fields = [
             "id", "name", "display_name", "description", "kind", "assignee_kind", "assigned_group",
-            "assigned_user", "max_instances", "max_notebooks", "cpu_cores", "memory_gb", "allowed_profiles",
-            "allowed_gpu_types", "max_runtime_s", "max_idle_s", "can_borrow", "fair_share_weight", "cohort",
-            "gpu_quotas", "my_role", "created_at", "updated_at",
+            "assigned_user", "max_instances", "max_notebooks", "cpu_cores", "memory_gb", "disk_gb",
+            "allowed_profiles", "allowed_gpu_types", "max_runtime_s", "max_idle_s", "can_borrow",
+            "fair_share_weight", "cohort", "gpu_quotas", "disk", "my_role", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = ["kind"]
 
@@ -143,7 +164,7 @@ class WorkspaceViewSet(TenantViewSet):
     change_role = MANAGE
 
     def base_queryset(self) -> Any:
-        return Workspace.objects.select_related("cohort", "assigned_group", "assigned_user").prefetch_related(
+        return Workspace.objects.select_related("cohort", "assigned_group", "assigned_user", "disk").prefetch_related(
             "allowed_profiles", Prefetch("gpu_quotas", queryset=GPUQuota.objects.order_by("gpu_type"))
         )
 

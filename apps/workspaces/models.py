@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -7,10 +8,20 @@ from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from apps.names import validate_dns_label, validate_gpu_type
 
 MAX_GPUS = Decimal("100000")
+# A workspace's disk is a sparse file on the machine's own filesystem: ext4 (4 KiB blocks) takes
+# files of up to 16 TiB.
+MAX_DISK_GB = 16_000
+GIB = 1 << 30  # a GB of disk quota, as of memory: 2**30 bytes
+
+
+def default_disk_gb() -> int:
+    """A new workspace's disk quota (``PORTAL_WORKSPACE_DISK_GB``)."""
+    return int(settings.PORTAL_WORKSPACE_DISK_GB)
 
 
 class Role(models.TextChoices):
@@ -65,6 +76,11 @@ class Workspace(models.Model):
     max_notebooks = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(10000)])
     cpu_cores = models.PositiveIntegerField(default=64, validators=[MaxValueValidator(1_000_000)])
     memory_gb = models.PositiveIntegerField(default=256, validators=[MaxValueValidator(100_000_000)])
+    disk_gb = models.PositiveIntegerField(
+        default=default_disk_gb,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_DISK_GB)],
+        help_text="Disk quota: the size of its directory's own filesystem on the local backend, in GB (2**30 bytes).",
+    )
 
     # Policies.
     allowed_profiles = models.ManyToManyField(
@@ -103,6 +119,34 @@ class Workspace(models.Model):
 
     def allows_gpu_type(self, gpu_type: str) -> bool:
         return not self.allowed_gpu_types or gpu_type in self.allowed_gpu_types
+
+
+class WorkspaceDisk(models.Model):
+    """What a workspace's disk holds, as last measured on the machine that mounts it (the scheduler
+    loop's upkeep, apps/workspaces/disks.py): the page shows this, never a walk of the files."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, primary_key=True, related_name="disk")
+    size_bytes = models.BigIntegerField()
+    used_bytes = models.BigIntegerField()
+    # The largest top-level entries: [{"name": "job-12", "bytes": 1234}, ...], largest first.
+    largest = models.JSONField(default=list)
+    # False where walking them ran out of time: their sizes are at least what is shown.
+    complete = models.BooleanField(default=True)
+    # Why the size is not yet the quota's (a smaller quota waits for no workload to run), if it is not.
+    note = models.CharField(max_length=500, blank=True)
+    measured_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.workspace_id}: {self.used_bytes} of {self.size_bytes} bytes"
+
+    @property
+    def percent(self) -> int:
+        return min(100, round(100 * self.used_bytes / self.size_bytes)) if self.size_bytes > 0 else 0
+
+    @property
+    def age(self) -> timedelta:
+        """How long ago it was measured."""
+        return timezone.now() - self.measured_at
 
 
 class Membership(models.Model):

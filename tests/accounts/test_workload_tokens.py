@@ -1,15 +1,18 @@
 """A workload's own token (the GPUPORTAL_TOKEN of a notebook, instance or job) acts for the user
 who launched it, in that workload's workspace alone: never in the user's other workspaces, never
-on an admin endpoint, and only while the workload lives."""
+on an admin endpoint, only while the workload lives, and only while its user's credentials are the
+ones they had when it was made."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
+from apps.accounts.actions import do_deactivate_user, do_save_user
 from apps.accounts.tokens import user_for_token, workload_env, workload_token
 from apps.compute.actions import do_delete_instance, do_delete_notebook
 from apps.compute.models import Instance, Notebook
@@ -164,3 +167,32 @@ def test_no_answer_shows_a_workloads_token(world: World) -> None:
     # A workload launched by nobody (a user since removed) gets the portal's address, and no token.
     orphan = Job.objects.create(workspace=world.team_a, name="orphan", command="true", gpus_per_replica=Decimal(0))
     assert "GPUPORTAL_TOKEN" not in workload_env(orphan) and "GPUPORTAL_URL" in workload_env(orphan)
+
+
+@pytest.mark.parametrize("change", ["password", "single sign-on", "deactivation"])
+def test_it_stops_working_once_its_users_credentials_change(world: World, change: str) -> None:
+    """A running job's, instance's and notebook's tokens end with the next request after their
+    user's password changes, single sign-on ends their access (an unusable password) or they are
+    deactivated: a token someone copied out of a workload is no way around that."""
+    job = _job(world, world.alice, world.team_a)
+    instance, notebook = _notebook(world, world.alice)
+    tokens = [workload_token(row) or "" for row in (job, instance, notebook)]
+    bobs = _as(workload_token(_job(world, world.bob, world.team_a, name="bobs")))
+    for token in tokens:
+        assert _as(token).get("/api/v1/me/").status_code == 200
+
+    if change == "password":
+        do_save_user(world.alice, password="another-horse-battery-staple", acting_user=world.alice)
+    elif change == "single sign-on":
+        world.alice.set_unusable_password()
+        world.alice.save(update_fields=["password"])
+    else:
+        do_deactivate_user(world.alice, acting_user=world.admin)
+
+    for token in tokens:
+        assert user_for_token(token) is None, change
+        assert _as(token).get("/api/v1/me/").status_code == 401, change
+    assert bobs.get("/api/v1/me/").status_code == 200  # another user's workloads are untouched
+    if change != "deactivation":  # started again, the workload is handed a token that works
+        job.created_by.refresh_from_db()
+        assert _as(workload_token(job)).get("/api/v1/me/").status_code == 200

@@ -26,7 +26,7 @@ def test_the_alerts_pages_look_right_at_both_widths(transactional_db: None, live
     for name, kind, threshold in (("Queue waits over a minute", "queue_wait", "60.00"),
                                   ("Quota nearly used up", "quota_used", "90.00")):  # fmt: skip
         body = {"workspace": "team-a", "name": name, "kind": kind, "threshold": threshold,
-                "emails": ["ops@example.org", "alice@example.org"], "for_s": 300}  # fmt: skip
+                "emails": ["bob@example.org", "alice@example.org"], "for_s": 300}  # fmt: skip
         assert alice.post("/api/v1/alert-rules/", body, format="json").status_code == 201
     waiting = job(world, world.team_a)
     Job.objects.filter(pk=waiting.pk).update(state=Job.State.QUEUED, created_at=timezone.now() - timedelta(hours=1))

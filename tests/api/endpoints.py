@@ -19,8 +19,10 @@ from typing import Any, NamedTuple
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from apps.accounts.actions import do_save_group, do_save_user
+from apps.accounts.tokens import workload_token
 from apps.alerts.actions import do_save_rule
 from apps.alerts.evaluate import evaluate
 from apps.alerts.models import Alert, AlertRule
@@ -86,6 +88,9 @@ class Endpoint:
     reads: tuple[str, ...] = ()  # GET detail actions: readers may use them, other tenants get a 404
     # GET detail actions that hand out a credential: writers (change_by) may use them, readers get a 403
     secret_reads: tuple[str, ...] = ()
+    # A workload's own token may change these (the workloads themselves); every other write is refused
+    # to it, whatever its launcher's role (apps/api/permissions.py).
+    workload_writes: bool = False
     more: Callable[[World, range], None] | None = None
 
     def __str__(self) -> str:
@@ -239,7 +244,7 @@ def team_b_profile(model: type[ComputeProfile] | type[NotebookProfile], **fields
 
 def alert_rule(world: World, workspace: Workspace, name: str = "queue too long") -> AlertRule:
     return do_save_rule(None, name=name, kind="queue_wait", workspace=workspace, threshold=Decimal("600"),
-                        emails=["ops@example.org"], acting_user=acting(world, workspace))  # fmt: skip
+                        emails=[acting(world, workspace).email], acting_user=acting(world, workspace))  # fmt: skip
 
 
 def alert(world: World, workspace: Workspace, name: str = "quota") -> Alert:
@@ -248,6 +253,35 @@ def alert(world: World, workspace: Workspace, name: str = "quota") -> Alert:
                         acting_user=acting(world, workspace))  # fmt: skip
     evaluate(rules=[rule])
     return Alert.objects.get(rule=rule)
+
+
+def running_workload(world: World, user: Any, kind: str) -> Job | Instance | Notebook:
+    """A job, instance or notebook of `user` in team-a, as the worker sees it while it runs (its
+    token works): rows written directly, since neither the scheduler nor a backend is under test."""
+    do_update_workspace(world.team_a, max_instances=50, max_notebooks=50, acting_user=world.admin)
+    n = Job.objects.count() + Instance.objects.count()
+    if kind == "job":
+        row = Job.objects.create(workspace=world.team_a, name=f"run-{n}", command="true", created_by=user)
+        Job.objects.filter(pk=row.pk).update(state=Job.State.RUNNING)
+        return Job.objects.get(pk=row.pk)
+    host = Instance.objects.create(workspace=world.team_a, name=f"run-{n}", profile=world.cpu_small, created_by=user)
+    Instance.objects.filter(pk=host.pk).update(state=Instance.State.RUNNING, backend_state={})
+    if kind == "instance":
+        return Instance.objects.get(pk=host.pk)
+    notebook = Notebook.objects.create(
+        workspace=world.team_a, instance=host, name=f"lab-{n}", profile=world.minimal, created_by=user
+    )
+    Notebook.objects.filter(pk=notebook.pk).update(state=Notebook.State.READY, backend_state={})
+    return Notebook.objects.get(pk=notebook.pk)
+
+
+def token_client(workload: Job | Instance | Notebook) -> APIClient:
+    """An API client that signs in with the workload's own token, as the SDK inside it does."""
+    token = workload_token(workload)
+    assert token is not None
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
 
 
 # --- More rows, for the list query counts ------------------------------------------------------
@@ -368,14 +402,15 @@ ENDPOINTS = [
              create_by="admin", patch={"python_packages": ["jupyterlab", "torch"]}, change_by="admin", delete=True,
              delete_by="admin", more=more_profiles(NotebookProfile, image="quay.io/jupyter/base-notebook")),
     Endpoint("instances", instance, create=lambda w, ws: {"workspace": ws.name, "name": "box-2", "profile": "gpu-1"},
-             patch={"description": "Tuning"}, delete=True, secret_reads=("kubeconfig",), more=more_instances),
+             patch={"description": "Tuning"}, delete=True, secret_reads=("kubeconfig",), more=more_instances,
+             workload_writes=True),
     Endpoint("notebooks", stopped_notebook, actions=("start",),
              create=lambda w, ws: {"instance": instance(w, ws, "host-2").pk, "name": "nb-2", "profile": "minimal"},
-             patch={"description": "Plots"}, delete=True, more=more_notebooks),
+             patch={"description": "Plots"}, delete=True, more=more_notebooks, workload_writes=True),
     Endpoint("collaborators", collaborator, patch={"access": "write"}, delete=True, more=more_collaborators),
     Endpoint("jobs", job, create=lambda w, ws: {"workspace": ws.name, "name": "train-2", "command": "python t.py",
                                                  "gpu_type": "h100", "gpus_per_replica": "0.50", "replicas": 2},
-             actions=("cancel",), reads=("logs", "artifact"), more=more_jobs),
+             actions=("cancel",), reads=("logs", "artifact"), more=more_jobs, workload_writes=True),
     Endpoint("clusters", lambda w, ws: Cluster.objects.get(name="local"), lookup="name", tenant=False,
              create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
              create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",
@@ -392,7 +427,7 @@ ENDPOINTS = [
              change_by="admin", delete=True, delete_by="admin", more=more_groups),
     Endpoint("alert-rules", alert_rule,
              create=lambda w, ws: {"workspace": ws.name, "name": "Queue wait", "kind": "queue_wait",
-                                   "threshold": "600.00", "for_s": 60, "emails": ["ops@example.org"]},
+                                   "threshold": "600.00", "for_s": 60, "emails": ["bob@example.org"]},
              create_by="alice", patch={"name": "Queue wait, long"}, change_by="alice", delete=True,
              delete_by="alice", actions=("silence",), more=more_alert_rules),
     Endpoint("alerts", alert, change_by="alice", actions=("silence",), more=more_alerts),

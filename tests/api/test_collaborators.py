@@ -154,18 +154,23 @@ def test_a_removal_or_a_lowered_access_takes_effect_at_the_next_request(world: W
     ]
 
 
-def test_a_workload_token_of_a_collaborator_has_no_share(world: World, shared: Shared) -> None:
-    """A workload's token carries its user's role in the workload's workspace, never their
-    collaborations: the notebook wendy starts on the shared instance can act for her in nothing."""
+def test_a_workload_token_of_a_collaborator_carries_none_of_her_shares(world: World, shared: Shared) -> None:
+    """A workload's token carries none of its user's collaborations: the notebook wendy starts on
+    the shared instance acts on that instance alone, as its weakest collaborator may (rita: read),
+    and reaches neither another instance shared with wendy nor anything else of the workspace."""
     wendys = _notebook_on(world, shared.instance, "wendys")
     Notebook.objects.filter(pk=wendys.pk).update(created_by=shared.wendy, state=Notebook.State.READY)
     wendys.refresh_from_db()
+    elsewhere = instance(world, world.team_a, "also-shared")
+    do_set_collaborator(elsewhere, shared.wendy, "write", acting_user=world.alice)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {workload_token(wendys)}")
     assert client.get("/api/v1/me/").status_code == 200  # a genuine token
-    assert client.get(f"/api/v1/instances/{shared.instance.pk}/").status_code == 404
-    assert client.get(f"/api/v1/notebooks/{wendys.pk}/").status_code == 404
-    assert client.get("/api/v1/instances/").json()["results"] == []
+    assert client.get(f"/api/v1/instances/{shared.instance.pk}/").status_code == 200
+    assert client.get(f"/api/v1/notebooks/{wendys.pk}/").json()["access_token"] is None  # read only
+    assert client.get(f"/api/v1/instances/{elsewhere.pk}/").status_code == 404
+    assert [i["id"] for i in client.get("/api/v1/instances/").json()["results"]] == [shared.instance.pk]
+    assert client.get("/api/v1/workspaces/").json()["results"] == []
 
 
 def test_an_ended_instance_is_shared_no_more(world: World, shared: Shared) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -11,11 +12,24 @@ from django.urls import URLPattern
 from rest_framework.test import APIClient
 
 from apps.api import urls as api_urls
+from apps.api.permissions import WORKLOAD_TOKEN_REFUSED
 from apps.audit.models import AuditEvent
 from apps.compute.models import Instance
 from apps.inventory.models import GPU
-from tests.api.endpoints import ENDPOINTS, OTHER_ROUTES, PERSONAS, Endpoint, Write, rank, user_of
+from tests.api.endpoints import (
+    ENDPOINTS,
+    OTHER_ROUTES,
+    PERSONAS,
+    Endpoint,
+    Write,
+    rank,
+    running_workload,
+    token_client,
+    user_of,
+)
 from tests.personas import PASSWORD, World
+
+WORKLOAD_KINDS = ("job", "instance", "notebook")
 
 
 def _rows(**having: Any) -> Any:
@@ -68,6 +82,7 @@ class TestEndpoint:
             assert set(row.reads + row.secret_reads) == {a.url_path for a in extra if set(a.mapping) == {"get"}}, row
             assert all(action.detail for action in viewset.get_extra_actions()), "list actions: extend the table"
             assert row.lookup == getattr(viewset, "lookup_field", "pk"), row
+            assert row.workload_writes == getattr(viewset, "workload_tokens_may_change", False), row
         others = {str(p.pattern) for p in api_urls.urlpatterns if isinstance(p, URLPattern)}
         assert others == set(OTHER_ROUTES), "add the new route to OTHER_ROUTES and check it here"
 
@@ -150,6 +165,41 @@ class TestEndpoint:
             assert AuditEvent.objects.count() > audit, f"{write.label} left no audit event"
             if write.body:
                 assert {key: response.json()[key] for key in write.body} == write.body
+
+    @_rows(writes=lambda row: not row.workload_writes and (row.create or row.patch or row.delete or row.actions))
+    def test_it_refuses_every_change_to_a_workloads_token(self, row: Endpoint, world: World) -> None:
+        """The tokens of an owner's and of a platform admin's job, instance and notebook in team-a
+        change nothing here (memberships, sharing, invitations, the workspace and its policies...),
+        whatever the role behind them: each request is refused, saying why, and changes nothing.
+        The same requests of the owner themselves succeed (the test above)."""
+        obj = row.obj(world, world.team_a)
+        writes = row.writes(obj, row.create(world, world.team_a) if row.create else None)
+        for launcher, kind in itertools.product((world.alice, world.admin), WORKLOAD_KINDS):
+            client = token_client(running_workload(world, launcher, kind))
+            assert client.get(row.list_url).status_code in (200, 403), (launcher, kind)  # a genuine token
+            for write in writes:
+                before = _snapshot(obj)
+                response = _send(client, write.method, write.url, write.body)
+                _assert_error(response, 403)
+                assert response.json()["error"]["message"] == WORKLOAD_TOKEN_REFUSED, (launcher, kind, write.label)
+                assert _snapshot(obj) == before, (launcher, kind, write.label)
+
+    @_rows(workload=lambda row: row.workload_writes)
+    @pytest.mark.parametrize("kind", WORKLOAD_KINDS)
+    def test_it_lets_a_workloads_token_change_workloads(self, row: Endpoint, kind: str, world: World) -> None:
+        """The same owner's tokens launch, change and end jobs, instances and notebooks, as the owner."""
+        obj = row.obj(world, world.team_a)
+        create = row.create(world, world.team_a) if row.create else None
+        client = token_client(running_workload(world, world.alice, kind))
+        for step in range(len(row.writes(obj, create))):
+            obj.refresh_from_db()
+            write = row.writes(obj, create)[step]
+            audit = AuditEvent.objects.count()
+            response = _send(client, write.method, write.url, write.body)
+            expected = 204 if write.method == "delete" else 201 if write.url == row.list_url else 200
+            assert response.status_code == expected, (write, response.content[:500])
+            assert AuditEvent.objects.order_by("-id").first().actor == world.alice, write.label
+            assert AuditEvent.objects.count() > audit, f"{write.label} left no audit event"
 
     @_rows()
     def test_it_refuses_anonymous_requests(self, row: Endpoint, world: World) -> None:

@@ -10,13 +10,17 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from apps.accounts import device_login
 from apps.accounts.actions import do_deactivate_user, do_save_user
 from apps.accounts.api_tokens import LAST_USED_EVERY
 from apps.accounts.models import ApiToken
+from apps.accounts.tokens import workload_token
 from apps.audit.models import AuditEvent
+from tests.api.endpoints import running_workload
 from tests.personas import PASSWORD, World, api_token
 
 
@@ -198,3 +202,19 @@ def test_a_user_makes_a_limited_number_of_tokens_an_hour(world: World, settings:
     answer = page.post("/tokens/", {"name": "from the page", "expires_in_days": "7", "scope": "read", "workspace": ""})
     assert answer.status_code == 400 and "3 new tokens an hour" in answer.content.decode()
     assert world.client(world.alice).post("/api/v1/tokens/", {"name": "alice's"}, format="json").status_code == 201
+
+
+def test_a_workloads_token_makes_no_token_and_allows_no_cli_sign_in(world: World) -> None:
+    """An owner's notebook token can neither make a personal token (one that would outlive the
+    notebook and its limits) nor allow a waiting CLI sign-in, which takes a person signed in."""
+    token = workload_token(running_workload(world, world.alice, "notebook")) or ""
+    tokens = ApiToken.objects.count()
+    made = _with(token).post("/api/v1/tokens/", {"name": "way out"}, format="json")
+    assert made.status_code == 403 and _with(token).get("/api/v1/tokens/").status_code == 403
+    assert ApiToken.objects.count() == tokens
+    _, waiting = device_login.start("gpuportal login", address=None)
+    body = {"code": waiting.user_code, "decision": "allow"}
+    page = Client().post(reverse("web:cli-login"), body, HTTP_AUTHORIZATION=f"Token {token}")
+    assert page.status_code == 302 and "login" in page["Location"], page
+    waiting.refresh_from_db()
+    assert waiting.decided_at is None and waiting.user is None

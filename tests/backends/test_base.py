@@ -86,7 +86,7 @@ def test_a_kind_the_backend_does_not_run_is_a_permanent_error(spec: Any, kind: s
 
 def test_by_default_there_are_no_artifacts_no_kubeconfig_and_nothing_to_sweep() -> None:
     backend = Minimal()
-    assert backend.artifacts() == []
+    assert backend.artifacts().files == [] and backend.artifacts().note() == ""
     assert backend.kubeconfig() is None
     assert backend.sweep_orphans("/srv/portal") == []
     assert backend.sweep_orphans("/srv/portal", Keep(({"version": 1},), frozenset({"job-1"}))) == []

@@ -132,7 +132,7 @@ def test_an_adopted_job_that_ended_polls_its_exit_code(place: Place, made: list[
     assert log_text(backend).startswith("PROGRESS 0.5")
     progress = backend.progress()
     assert progress is not None and progress.fraction == 0.5
-    assert [artifact.path for artifact in backend.artifacts()] == ["artifacts/out.txt"]
+    assert [artifact.path for artifact in backend.artifacts().files] == ["artifacts/out.txt"]
     backend.stop()  # a no-op on what ended
     # Until the portal records it, another takeover finds it just the same.
     assert place.backend(made).adopt(spec) is not None

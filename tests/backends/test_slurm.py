@@ -109,7 +109,7 @@ def test_one_gpu_job_sees_its_gpu_and_exits_zero(tmp_path: Path, make: Callable[
     assert match.group(3) == "a b'c"
     progress = backend.progress()
     assert progress is not None and progress.fraction == 0.25
-    assert backend.artifacts() == [("artifacts/out.txt", 6, hashlib.sha256(b"hello\n").hexdigest())]
+    assert backend.artifacts().files == [("artifacts/out.txt", 6, hashlib.sha256(b"hello\n").hexdigest())]
     data, offset = backend.logs(0)
     assert backend.logs(0, offset) == (b"", offset)
     with pytest.raises(BackendError) as err:

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import socketserver
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -16,15 +22,50 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from apps.accounts.stamps import credential_stamp
 from apps.audit.models import AuditEvent
 from apps.compute import hosts
+from apps.compute.actions import record_notebook_end
 from apps.compute.models import Instance, Notebook, NotebookAuthCode
 from apps.workspaces.actions import do_remove_membership
 from apps.workspaces.models import Membership, Role
 from tests.personas import PASSWORD, World
 from tests.proxy import ROOT
+from workers.backends.processes import socket_url
 
 PUBLIC = "http://127.0.0.1:8000"
+# Where the ready notebooks here are routed: a server that answers what the authorize page asks of
+# a notebook's server before it issues a code (its /api), as a live Jupyter server does.
+SERVER: dict[str, str] = {}
+
+
+class _Api(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        found = self.path == "/api"
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"version": "2.21.1"}' if found else b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _server_answers() -> Iterator[None]:
+    with tempfile.TemporaryDirectory() as directory:
+        server = _UnixServer(str(Path(directory) / "jupyter.sock"), _Api)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        SERVER["target"] = socket_url(server.server_address)
+        try:
+            yield
+        finally:
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +78,9 @@ def _notebook(world: World, name: str = "lab", state: str = Notebook.State.READY
     instance = Instance.objects.create(
         workspace=world.team_a, name=f"box-{name}", profile=world.cpu_small, state=Instance.State.RUNNING
     )
+    target = SERVER["target"] if state == Notebook.State.READY else ""
     return Notebook.objects.create(
-        workspace=world.team_a, instance=instance, name=name, profile=world.minimal, state=state
+        workspace=world.team_a, instance=instance, name=name, profile=world.minimal, state=state, proxy_target=target
     )
 
 
@@ -152,6 +194,27 @@ def test_it_shows_a_waiting_page_for_a_starting_notebook_and_nothing_to_open_for
     assert not NotebookAuthCode.objects.exists()
 
 
+def test_it_issues_no_code_for_a_ready_notebook_whose_server_does_not_answer(world: World, tmp_path: Path) -> None:
+    notebook = _notebook(world)
+    bob = _browser(world.bob)
+    assert _authorize(bob, notebook.host_label).status_code == 302  # its server answers: a code
+    NotebookAuthCode.objects.all().delete()
+    # Its server died: nothing listens on its socket any more (the host has not noticed yet).
+    Notebook.objects.filter(pk=notebook.pk).update(proxy_target=socket_url(tmp_path / "jupyter.sock"))
+    waiting = _authorize(bob, notebook.host_label)
+    assert waiting.status_code == 503 and waiting["Retry-After"] == "3"
+    assert b"being started again" in waiting.content
+    assert not NotebookAuthCode.objects.exists()
+
+
+def test_the_codes_of_a_notebook_that_ended_are_void(world: World) -> None:
+    notebook = _notebook(world)
+    code = _code_of(_authorize(_browser(world.bob), notebook.host_label))
+    record_notebook_end(notebook, Notebook.State.FAILED, "its processes ended 4 times")
+    assert not NotebookAuthCode.objects.exists()
+    assert _redeem(Client(), notebook, code, notebook.access_token).status_code == 403
+
+
 # -- what the notebook's server asks, with its secret -------------------------------------------------
 
 
@@ -160,7 +223,7 @@ def test_a_code_is_redeemed_once_by_its_notebooks_server_for_the_user_it_was_iss
     code = _code_of(_authorize(_browser(world.bob), notebook.host_label))
     server = Client()
     first = _redeem(server, notebook, code, notebook.access_token)
-    assert (first.status_code, first.json()) == (200, {"username": "bob"})
+    assert (first.status_code, first.json()) == (200, {"username": "bob", "stamp": credential_stamp(world.bob)})
     again = _redeem(server, notebook, code, notebook.access_token)
     assert again.status_code == 403  # reused
 
@@ -171,7 +234,7 @@ def test_a_code_is_refused_without_the_notebooks_secret_and_stays_unspent(world:
     server = Client()
     for secret in (None, "", "not-the-secret", other.access_token):
         assert _redeem(server, notebook, code, secret).status_code == 403, secret
-    assert _redeem(server, notebook, code, notebook.access_token).json() == {"username": "bob"}
+    assert _redeem(server, notebook, code, notebook.access_token).json()["username"] == "bob"
 
 
 def test_a_code_is_refused_by_another_notebooks_server(world: World) -> None:
@@ -201,12 +264,35 @@ def test_the_server_asks_whether_a_user_may_still_use_it(world: World) -> None:
     notebook = _notebook(world)
     server = Client(headers={"Authorization": f"Bearer {notebook.access_token}"})
     url = f"/internal/notebooks/{notebook.pk}/users/"
-    assert server.get(f"{url}bob/").json() == {"username": "bob"}
-    for refused in ("victor", "charlie", "nobody"):
-        assert server.get(f"{url}{refused}/").status_code == 403, refused
-    assert Client().get(f"{url}bob/").status_code == 403  # without the notebook's secret
+    stamps = {user.username: credential_stamp(user) for user in (world.bob, world.victor, world.charlie)}
+    assert server.get(f"{url}bob/", {"stamp": stamps["bob"]}).json() == {"username": "bob"}
+    for refused in ("victor", "charlie"):
+        assert server.get(f"{url}{refused}/", {"stamp": stamps[refused]}).status_code == 403, refused
+    assert server.get(f"{url}nobody/", {"stamp": stamps["bob"]}).status_code == 403
+    assert Client().get(f"{url}bob/", {"stamp": stamps["bob"]}).status_code == 403  # without the notebook's secret
     config = server.get(f"/internal/notebooks/{notebook.pk}/").json()
     assert config == {"authorize_url": f"{PUBLIC}/notebooks/authorize/lab-{notebook.pk}/", "label": notebook.host_label}
+
+
+@pytest.mark.parametrize("change", ["password", "deactivated", "unusable password"])
+def test_a_users_session_on_a_notebook_ends_with_a_change_of_their_credentials(world: World, change: str) -> None:
+    notebook = _notebook(world)
+    code = _code_of(_authorize(_browser(world.bob), notebook.host_label))
+    stamp = _redeem(Client(), notebook, code, notebook.access_token).json()["stamp"]
+    server = Client(headers={"Authorization": f"Bearer {notebook.access_token}"})
+    url = f"/internal/notebooks/{notebook.pk}/users/bob/"
+    assert server.get(url, {"stamp": stamp}).status_code == 200
+    for wrong in ({}, {"stamp": ""}, {"stamp": "0" * 32}, {"stamp": stamp + "0"}, {"stamp": "x" * 5000}):
+        assert server.get(url, wrong).status_code == 403, wrong
+    bob = world.bob
+    if change == "password":
+        bob.set_password("a new password")
+    elif change == "deactivated":
+        bob.is_active = False
+    else:  # single sign-on ended it
+        bob.set_unusable_password()
+    bob.save()
+    assert server.get(url, {"stamp": stamp}).status_code == 403
 
 
 # -- the portal on a notebook's host ------------------------------------------------------------------

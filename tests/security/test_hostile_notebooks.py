@@ -9,31 +9,44 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlsplit
 
 import pytest
-import requests
 import websocket
 from django.conf import settings as django_settings
 
 from apps.compute.models import Instance, Notebook
 from tests.personas import World
-from tests.proxy import Proxy
+from tests.proxy import Proxy, browser_session, loopback_ws_options
 from tests.security.test_hostile_workloads import ATTACK, leaks_in, sandboxed
 from workers.backends.pyenv import ensure_env
 
-# The job's attack, plus what only a neighbour on loopback can try: another notebook's server
-# and the proxy's API, without their credentials.
+# The job's attack, plus what only a neighbour on the machine can try: another notebook's server
+# (on its Unix socket) and the proxy's API (on loopback), without their credentials.
 NOTEBOOK_ATTACK = (
     ATTACK
     + r"""
-import urllib.request
+import http.client, socket, urllib.request
 extra = []
 for name, url in t["urls"].items():
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:
             if answer.status == 200:
                 extra.append("loopback:" + name)
+    except Exception:
+        pass
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(5)
+        self.sock.connect(self.socket_path)
+for name, (path, target) in t["sockets"].items():
+    try:
+        connection = UnixConnection("localhost")
+        connection.socket_path = path
+        connection.request("GET", target)
+        if connection.getresponse().status == 200:
+            extra.append("socket:" + name)
     except Exception:
         pass
 print("LEAKS=" + json.dumps(sorted(set(leaks + extra))))
@@ -56,23 +69,23 @@ def launch(world: World, user: Any, workspace: str) -> Notebook:
     return notebook
 
 
-def server_base(notebook: Notebook) -> str:
-    """The server itself (not through the proxy): its address and its base URL."""
-    target = notebook.proxy_target.rstrip("/")
-    path = urlparse(notebook.url).path if "://" in notebook.url else notebook.url
-    return f"{target}{path or '/'}"
+def server_socket(notebook: Notebook) -> str:
+    """Where the server itself listens (its route's target): a Unix socket's path."""
+    target = urlsplit(notebook.proxy_target)
+    assert target.scheme == "http+unix", notebook.proxy_target
+    return unquote(target.netloc)
 
 
 def run_in_kernel(notebook: Notebook, code: str) -> str:
-    """Run ``code`` in a new kernel of ``notebook`` (with the server's own token) and return its output."""
-    base, headers = server_base(notebook), {"Authorization": f"token {notebook.access_token}"}
-    kernel = requests.post(f"{base}api/kernels", headers=headers, json={"name": "python3"}, timeout=30)
+    """Run ``code`` in a new kernel of ``notebook`` (through the proxy, with the server's own token)
+    and return its output."""
+    headers = {"Authorization": f"token {notebook.access_token}"}
+    kernel = browser_session().post(f"{notebook.url}api/kernels", headers=headers, json={"name": "python3"}, timeout=30)
     assert kernel.status_code == 201, kernel.text
-    sock = websocket.create_connection(
-        base.replace("http://", "ws://") + f"api/kernels/{kernel.json()['id']}/channels",
-        header=[f"{k}: {v}" for k, v in headers.items()],
-        timeout=60,
+    address, options = loopback_ws_options(
+        notebook.url.replace("http://", "ws://") + f"api/kernels/{kernel.json()['id']}/channels"
     )
+    sock = websocket.create_connection(address, header=[f"{k}: {v}" for k, v in headers.items()], timeout=60, **options)
     msg_id, output, replied, idle = uuid.uuid4().hex, [], False, False
     header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": msg_id, "version": "5.3"}
     content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False}
@@ -122,10 +135,8 @@ def attack(tx_world: World, proxy: Proxy, tmp_path: Path, settings: Any) -> set[
         "write": {"shared-environment": str(static / "takeover.html"), "team-b-dir": f"{victim_run['job_dir']}/x"},
         "secrets": {"proxy-token": proxy.token, "team-b-notebook-token": victim.access_token},
         "signal": {"team-b-notebook": sandboxed(victim_run["replicas"][0]["pid"])[0]},
-        "urls": {
-            "team-b-notebook": f"{server_base(victim)}api/contents",
-            "proxy-api": f"{proxy.api_url}/api/routes",
-        },
+        "urls": {"proxy-api": f"{proxy.api_url}/api/routes"},
+        "sockets": {"team-b-notebook": (server_socket(victim), "/api/contents")},
     }
     code = f"import sys\nsys.argv = ['attack', {json.dumps(json.dumps(targets))}]\nexec({NOTEBOOK_ATTACK!r})"
     try:
@@ -148,4 +159,4 @@ def test_without_the_sandbox_the_same_kernel_reaches_it(
     settings.PORTAL_SANDBOX = "off"
     leaks = attack(tx_world, proxy, tmp_path, settings)
     assert leaks >= expected
-    assert "loopback:team-b-notebook" not in leaks and "loopback:proxy-api" not in leaks  # their own auth holds
+    assert "socket:team-b-notebook" not in leaks and "loopback:proxy-api" not in leaks  # their own auth holds

@@ -30,6 +30,7 @@ from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads import host
 from tests.personas import World
+from workers.backends import logcap
 
 ATTACK = r"""
 import glob, json, os, sys
@@ -210,8 +211,9 @@ def test_each_workspace_runs_as_its_own_account_in_a_directory_only_it_can_open(
 
 
 def sandboxed(wrapper_pid: int, timeout_s: float = 15.0) -> list[int]:
-    """The processes of a workload's group that run its command: not the wrapper, not bubblewrap
-    (waiting for them: a start returns once the wrapper runs, maybe before bubblewrap's child)."""
+    """The processes of a workload's group that run its command: not the wrapper, not bubblewrap,
+    not the log's writer, which runs outside the sandbox (waiting for them: a start returns once
+    the wrapper runs, maybe before bubblewrap's child)."""
     deadline = time.monotonic() + timeout_s
     while not (found := _sandboxed_now(wrapper_pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -227,9 +229,12 @@ def _sandboxed_now(wrapper_pid: int) -> list[int]:
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
             exe = os.readlink(f"/proc/{entry}/exe")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2 :].split()[2]) == wrapper_pid and not exe.endswith(("/bwrap", "/setpriv")):
+        in_group = int(stat[stat.rindex(")") + 2 :].split()[2]) == wrapper_pid
+        log_writer = str(Path(logcap.__file__).resolve()).encode() in cmdline
+        if in_group and not log_writer and not exe.endswith(("/bwrap", "/setpriv")):
             found.append(int(entry))
     return found
 

@@ -79,12 +79,12 @@ def test_an_owner_creates_changes_silences_and_deletes_a_rule(world: World, sign
     page = alice.get(URL)
     assert page.status_code == 200 and f'href="{NEW}"' in main(page)
     assert alice.get(NEW).status_code == 200
-    body = {**FORM, "emails": "ops@example.org\nsre@example.org", "webhook_url": HOOK, "webhook_secret": SECRET}
+    body = {**FORM, "emails": "alice@example.org\nbob@example.org", "webhook_url": HOOK, "webhook_secret": SECRET}
     created = alice.post(NEW, body)
     assert created.status_code == 302 and created["Location"] == URL
     rule = AlertRule.objects.get()
     assert (rule.workspace, rule.kind, rule.threshold) == (world.team_a, "queue_wait", Decimal("60"))
-    assert rule.emails == ["ops@example.org", "sre@example.org"] and rule.webhook_url == HOOK
+    assert rule.emails == ["alice@example.org", "bob@example.org"] and rule.webhook_url == HOOK
     assert rule.webhook_secret == SECRET and rule.created_by == world.alice
     listed = alice.get(URL)
     assert f'data-rule="{rule.pk}"' in main(listed) and HOOK in main(listed) and SECRET not in listed.content.decode()

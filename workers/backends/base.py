@@ -56,6 +56,18 @@ class RunAs:
     gid: int
 
 
+@dataclass(frozen=True)
+class DiskQuota:
+    """The disk a workspace's directory is limited to, where a backend enforces it (local: the
+    directory is a filesystem image of ``size_bytes`` mounted on it, workers/backends/diskquota.py).
+    ``image`` is the image's path in the portal's private directory, named after the workspace's
+    id (never reused, unchanged by a rename); ``directory`` the workspace's directory."""
+
+    image: str
+    directory: str
+    size_bytes: int
+
+
 @dataclass
 class JobSpec:
     """What the caller asks a backend to run: one job, ``replicas`` processes started as a gang.
@@ -69,6 +81,9 @@ class JobSpec:
     ``portal_env``: what lets the workload use the portal's SDK and CLI at once (``GPUPORTAL_URL``,
     ``GPUPORTAL_WORKSPACE``, and ``GPUPORTAL_TOKEN``, a secret: see :data:`PORTAL_ENV_SECRET`), set
     after ``env``, so that a job's own variables cannot replace them.
+    ``writable_dir``: where a backend that confines workloads to their files (local) lets this one
+    read and write: that directory alone, which holds the workload's own; empty: its workspace's.
+    ``disk``: its workspace's disk quota, where the portal enforces one (``None``: no limit here).
     """
 
     key: str
@@ -87,6 +102,8 @@ class JobSpec:
     run_as: RunAs | None = None
     service_account_token: bool = False
     portal_env: dict[str, str] = field(default_factory=dict)
+    writable_dir: str = ""
+    disk: DiskQuota | None = None
 
 
 @dataclass
@@ -95,7 +112,9 @@ class InstanceSpec:
 
     ``kind`` is the compute profile's kind (``slice``, ``namespace``, ``vcluster``, ``dedicated``);
     ``devices`` the GPU indices it holds (its notebooks run on them); ``users`` the usernames that
-    may use it (the Kubernetes backend binds them to its namespace); ``portal_env`` as for a job.
+    may use it (the Kubernetes backend binds them to its namespace); ``portal_env`` and
+    ``writable_dir`` as for a job (an instance's is its own directory: it may be shared with people
+    who are not the workspace's), and ``disk``.
     """
 
     key: str
@@ -111,6 +130,8 @@ class InstanceSpec:
     users: list[str] = field(default_factory=list)
     run_as: RunAs | None = None
     portal_env: dict[str, str] = field(default_factory=dict)
+    writable_dir: str = ""
+    disk: DiskQuota | None = None
 
 
 @dataclass
@@ -121,10 +142,13 @@ class NotebookSpec:
     server); ``token`` is the server's secret.
     ``python_packages`` (pip requirements) build its environment where the backend runs
     processes (local, Slurm); ``image`` is its container image on Kubernetes. ``devices`` are
-    its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say).
+    its instance's GPUs and ``instance_state`` that instance's backend state (its namespace, say;
+    on the local backend its cgroup, which the notebook's processes join: they share its limits).
     ``auth_url`` is where the server asks the portal whether a request's user may pass.
     ``service_account_token``: on Kubernetes, mount a service-account token into the pod (off: none).
     ``portal_env`` as for a job: its kernels and terminals have the SDK and CLI at once.
+    ``writable_dir`` as for a job (a notebook's is its instance's directory).
+    ``disk`` as for a job.
     """
 
     key: str
@@ -143,6 +167,8 @@ class NotebookSpec:
     run_as: RunAs | None = None
     service_account_token: bool = False
     portal_env: dict[str, str] = field(default_factory=dict)
+    writable_dir: str = ""
+    disk: DiskQuota | None = None
 
 
 #: The variable of ``portal_env`` that is a credential: it reaches a workload through its
@@ -188,6 +214,65 @@ class Artifact(NamedTuple):
     path: str
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class ArtifactLimits:
+    """How much of a job's output the portal records: at most ``max_files`` files and ``max_bytes``
+    bytes in all, counted by apparent size (a sparse file counts as large as it claims to be)."""
+
+    max_files: int = 10_000
+    max_bytes: int = 10 << 30
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """Files found under the declared paths but not recorded, and their apparent size in all."""
+
+    files: int = 0
+    size: int = 0
+    more: bool = False  # the listing stopped counting: there are more files than ``files``
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What ``artifacts()`` found: the files recorded (sorted by path), and those left out for
+    passing ``limits`` (``over_count``: beyond the number of files, ``over_size``: beyond the size)."""
+
+    files: list[Artifact] = field(default_factory=list)
+    limits: ArtifactLimits = ArtifactLimits()
+    over_count: LeftOut = LeftOut()
+    over_size: LeftOut = LeftOut()
+
+    def note(self) -> str:
+        """What to tell the job's owner ("" when every file was recorded): "artifacts not collected:
+        3 files of 60 GiB exceed the limit of 10 GiB"."""
+        parts = []
+        if self.over_count.files:
+            many = f"more than {self.over_count.files:,}" if self.over_count.more else f"{self.over_count.files:,}"
+            parts.append(f"{many} {_files(self.over_count.files)} exceed the limit of {self.limits.max_files:,} files")
+        if self.over_size.files:
+            parts.append(
+                f"{self.over_size.files:,} {_files(self.over_size.files)} of {format_bytes(self.over_size.size)} "
+                f"exceed the limit of {format_bytes(self.limits.max_bytes)}"
+            )
+        return f"artifacts not collected: {'; '.join(parts)}" if parts else ""
+
+
+def _files(count: int) -> str:
+    return "file" if count == 1 else "files"
+
+
+def format_bytes(size: int) -> str:
+    """A size in binary units, short: "512 bytes", "4 KiB", "1.5 GiB", "60 GiB"."""
+    if size < 1024:
+        return f"{size} bytes"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            break
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 @dataclass(frozen=True)
@@ -353,11 +438,16 @@ class Backend(ABC):
         nothing new. Raises ``BackendError(permanent=True)`` for a replica that does not exist.
         """
 
-    def artifacts(self) -> list[Artifact]:
-        """Return the files under the declared artifact paths: ``(path, size, sha256)``, sorted by path.
+    def artifacts(self, limits: ArtifactLimits | None = None) -> Artifacts:
+        """Return the files under the declared artifact paths, ``(path, size, sha256)`` sorted by
+        path, within ``limits`` (default: ``ArtifactLimits()``): files past them are counted, by
+        apparent size and before any byte is read (a sparse file claiming terabytes costs nothing),
+        and not recorded.
 
-        Default: ``[]``, this backend keeps no files the portal can read."""
-        return []
+        Called once the workload ended, never inside a database transaction: it reads every byte
+        it records. The sha256 is of the whole file (holes read as zeros without reading them).
+        Default: nothing, this backend keeps no files the portal can read."""
+        return Artifacts(limits=limits or ArtifactLimits())
 
     @abstractmethod
     def progress(self) -> Progress | None:

@@ -10,6 +10,7 @@ backends whose workloads leave their output in files (:class:`FileOutputs`: loca
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -17,10 +18,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from workers.backends.base import Artifact, Backend, BackendError, Progress, RunAs, last_progress
+from workers.backends.base import (
+    Artifact,
+    ArtifactLimits,
+    Artifacts,
+    Backend,
+    BackendError,
+    LeftOut,
+    Progress,
+    RunAs,
+    last_progress,
+)
+from workers.backends.logcap import read_marker
 
 LOG_CHUNK = 1 << 20
 PROGRESS_TAIL = 64 << 10
+HASH_CHUNK = 1 << 20
 
 
 class FileOutputs(Backend):
@@ -44,11 +57,12 @@ class FileOutputs(Backend):
             raise BackendError(f"no replica {replica}", permanent=True)
         return read_log(paths[replica], offset, root=root)
 
-    def artifacts(self) -> list[Artifact]:
-        """Files under the declared paths, resolved inside the job directory (escaping links skipped)."""
+    def artifacts(self, limits: ArtifactLimits | None = None) -> Artifacts:
+        """Files under the declared paths, resolved inside the job directory (escaping links
+        skipped), within ``limits`` (see ``collect_artifacts``)."""
         if not self._state:
-            return []
-        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"])
+            return Artifacts(limits=limits or ArtifactLimits())
+        return collect_artifacts(Path(self._state["job_dir"]), self._state["artifact_paths"], limits)
 
     def progress(self) -> Progress | None:
         """The last ``PROGRESS <fraction>`` line in replica 0's log (its last 64 KiB), clamped to 0..1."""
@@ -152,14 +166,24 @@ def _open_log(path: str, root: str | None) -> Any:
 
 
 def read_log(path: str, offset: int, *, root: str | None = None) -> tuple[bytes, int]:
-    """Up to 1 MiB of a log file from ``offset``, and the offset to continue from."""
+    """Up to 1 MiB of a log file from ``offset``, and the offset to continue from.
+
+    Offsets count the bytes the workload wrote: a log whose oldest part its writer dropped
+    (workers/backends/logcap.py) starts with a marker line saying how many bytes, and goes on at
+    that offset. Asked for dropped bytes, or past the end (a log that was written anew), it
+    answers from the top of the file: the marker, if any, and what is kept."""
     log = _open_log(path, root)
     if log is None:
         return b"", offset
     with log:
-        log.seek(offset)
+        dropped, marker = read_marker(log)
+        end = dropped + os.fstat(log.fileno()).st_size - marker
+        if dropped <= offset <= end:
+            log.seek(marker + offset - dropped)
+            data = log.read(LOG_CHUNK)
+            return data, offset + len(data)
         data = log.read(LOG_CHUNK)
-    return data, offset + len(data)
+    return data, dropped + max(0, len(data) - marker)
 
 
 def read_progress(path: str, *, root: str | None = None) -> Progress | None:
@@ -172,23 +196,67 @@ def read_progress(path: str, *, root: str | None = None) -> Progress | None:
         return last_progress(log.read())
 
 
-def collect_artifacts(job_dir: Path, declared_paths: list[str]) -> list[Artifact]:
-    """Files under the declared paths, resolved inside ``job_dir`` (links that escape it skipped)."""
-    found: dict[str, Artifact] = {}
+def collect_artifacts(job_dir: Path, declared_paths: list[str], limits: ArtifactLimits | None = None) -> Artifacts:
+    """Files under the declared paths, resolved inside ``job_dir`` (links that escape it skipped),
+    within ``limits``.
+
+    First every file is listed with its apparent size, reading nothing: in path order, a file is
+    kept while the kept ones stay within the number of files and the bytes allowed, and the others
+    are counted as left out. Then only the kept files are hashed."""
+    limits = limits or ArtifactLimits()
+    listed, more = _list_files(job_dir, declared_paths, max(10 * limits.max_files, 1000))
+    kept: list[tuple[str, str, int]] = []
+    over_count, over_size = [0, 0], [0, 0]
+    total = 0
+    for rel, real_rel, size in listed:
+        if len(kept) >= limits.max_files:
+            over_count[0], over_count[1] = over_count[0] + 1, over_count[1] + size
+        elif total + size > limits.max_bytes:
+            over_size[0], over_size[1] = over_size[0] + 1, over_size[1] + size
+        else:
+            kept.append((rel, real_rel, size))
+            total += size
+    found = [artifact for artifact in (_hashed(job_dir, *entry) for entry in kept) if artifact is not None]
+    return Artifacts(
+        files=found,
+        limits=limits,
+        over_count=LeftOut(over_count[0], over_count[1], more=more and over_count[0] > 0),
+        over_size=LeftOut(over_size[0], over_size[1]),
+    )
+
+
+def _list_files(job_dir: Path, declared_paths: list[str], at_most: int) -> tuple[list[tuple[str, str, int]], bool]:
+    """The regular files under the declared paths, sorted: (path, path of what it resolves to, both
+    relative to ``job_dir``, apparent size); links leading out of ``job_dir`` or into its ``.portal``
+    are skipped. Stops after ``at_most`` files (True: there were more)."""
+    found: dict[str, tuple[str, str, int]] = {}
     for declared in declared_paths:
         for path in _walk_files(job_dir / declared):
+            if len(found) >= at_most:
+                return sorted(found.values()), True
             rel = path.relative_to(job_dir).as_posix()
             real = path.resolve()
-            if not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal"):
+            if rel in found or not real.is_relative_to(job_dir) or real.is_relative_to(job_dir / ".portal"):
                 continue
-            # Hashed through a file opened inside the job directory: a link swapped in meanwhile
-            # (the workspace's other workloads write here) cannot make the portal read elsewhere.
-            opened = open_inside(job_dir, real.relative_to(job_dir).as_posix())
-            if opened is None:
+            try:
+                info = os.stat(real)
+            except OSError:
                 continue
-            with opened:
-                found[rel] = Artifact(rel, os.fstat(opened.fileno()).st_size, _sha256_of_file(opened))
-    return sorted(found.values())
+            if stat.S_ISREG(info.st_mode):
+                found[rel] = (rel, real.relative_to(job_dir).as_posix(), info.st_size)
+    return sorted(found.values()), False
+
+
+def _hashed(job_dir: Path, rel: str, real_rel: str, size: int) -> Artifact | None:
+    """The artifact at ``rel``: its first ``size`` bytes (the size it was listed with, which the
+    limits counted) hashed through a file opened inside the job directory, so that a link swapped in
+    meanwhile (the workspace's other workloads write here) cannot make the portal read elsewhere."""
+    opened = open_inside(job_dir, real_rel)
+    if opened is None:
+        return None
+    with opened:
+        hashed, digest = sha256_of_file(opened.fileno(), size)
+    return Artifact(rel, hashed, digest)
 
 
 def _walk_files(path: Path) -> Iterator[Path]:
@@ -196,12 +264,51 @@ def _walk_files(path: Path) -> Iterator[Path]:
         yield path
     elif path.is_dir():
         for dirpath, _, filenames in os.walk(path):  # does not descend into symlinked directories
-            for filename in filenames:
+            for filename in sorted(filenames):
                 yield Path(dirpath, filename)
 
 
-def _sha256_of_file(f: BinaryIO) -> str:
+_ZEROS = bytes(HASH_CHUNK)
+
+
+def sha256_of_file(fd: int, size: int) -> tuple[int, str]:
+    """The sha256 (hex) of the file's first ``size`` bytes (fewer if it is shorter now), and how
+    many bytes that was. Only its data is read: holes (``SEEK_DATA``/``SEEK_HOLE``) are hashed as
+    the zeros they read as, without a read."""
     digest = hashlib.sha256()
-    for block in iter(lambda: f.read(1 << 20), b""):
-        digest.update(block)
-    return digest.hexdigest()
+    offset = 0
+    while offset < size:
+        data_at, hole_at = _data_region(fd, offset, size)
+        _hash_zeros(digest, data_at - offset)
+        offset = data_at
+        while offset < hole_at:
+            block = os.pread(fd, min(HASH_CHUNK, hole_at - offset), offset)
+            if not block:  # shorter than listed: what there is
+                return offset, digest.hexdigest()
+            digest.update(block)
+            offset += len(block)
+    return offset, digest.hexdigest()
+
+
+def _data_region(fd: int, offset: int, size: int) -> tuple[int, int]:
+    """Where the next data at or after ``offset`` starts and ends, within ``size`` (``(size,
+    size)``: only a hole is left). Where the filesystem cannot say, everything is data."""
+    try:
+        data_at = os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no data past offset: a hole up to the end
+            return size, size
+        return offset, size
+    data_at = min(data_at, size)
+    try:
+        hole_at = os.lseek(fd, data_at, os.SEEK_HOLE)
+    except OSError:
+        hole_at = size
+    return data_at, min(hole_at, size)
+
+
+def _hash_zeros(digest: Any, count: int) -> None:
+    while count > 0:
+        step = min(count, HASH_CHUNK)
+        digest.update(_ZEROS[:step] if step < HASH_CHUNK else _ZEROS)
+        count -= step

@@ -9,7 +9,9 @@ them go through `dns_name`, which keeps them within 63 characters with a determi
 namespace name always carries that hash: "team-a" + "dev" and "team" + "a-dev" would otherwise both give
 "gp-team-a-dev", and an idempotent create would then hand one tenant the other's namespace.
 
-Quantities. CPU is whole cores ("4"), memory is the profile's GB read as GiB ("16Gi"). Whole GPUs are asked
+Quantities. CPU is whole cores ("4"), memory is the profile's GB read as GiB ("16Gi"). Every container of
+every pod asks for (requests) and is held to (limits) its CPU and memory: `restricted_pod_spec` refuses one
+that does not, so no pod of the portal's can take a node's whole CPU or memory. Whole GPUs are asked
 for as `KubeSettings.gpu_resource_name` (the NVIDIA device plugin's "nvidia.com/gpu"), or as the resource
 `gpu_type_resources` names for the GPU type: a MIG profile is its own GPU type with whole counts
 (docs/fractional-gpus.md), e.g. {"a100-1g-10gb": "nvidia.com/mig-1g.10gb"}. A fraction of a GPU can only be
@@ -253,6 +255,20 @@ def container_resources(size: Size, settings: KubeSettings) -> dict[str, dict[st
     return {"requests": dict(base), "limits": {**base, **gpu_resources(size.gpus, size.gpu_type, settings)}}
 
 
+def helper_resources() -> dict[str, dict[str, str]]:
+    """What the portal's own helper pods (the vcluster installer running helm) ask for: little, and no more."""
+    return {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+
+
+def check_resources(container: Manifest) -> None:
+    """``ValueError`` unless ``container`` requests and is limited to CPU and memory."""
+    resources = container.get("resources") or {}
+    for part in ("requests", "limits"):
+        missing = [name for name in ("cpu", "memory") if not (resources.get(part) or {}).get(name)]
+        if missing:
+            raise ValueError(f"container {container.get('name')!r} has no {part} for {' and '.join(missing)}")
+
+
 def _pod_placement(size: Size, settings: KubeSettings) -> dict[str, Any]:
     if size.gpus > 0 and size.gpu_type and settings.gpu_type_node_label:
         return {"nodeSelector": {settings.gpu_type_node_label: size.gpu_type}}
@@ -285,13 +301,16 @@ def restricted_pod_spec(
 
     The pod runs as `settings.pod_run_as_user`/`pod_run_as_group` with `pod_fs_group`, each container gets
     `container_security_context()`, and no host namespace is shared (nothing sets hostNetwork, hostPID or
-    hostIPC, and `fields` may not). The pod mounts a service-account token only when it names
+    hostIPC, and `fields` may not). Every container must request and limit its CPU and memory
+    (`check_resources`; `ValueError` otherwise). The pod mounts a service-account token only when it names
     `service_account`; otherwise it has no credential for the API server. Service links stay off: a pod
     learns about other Services through DNS, not through its environment.
     """
     host = sorted({"hostNetwork", "hostPID", "hostIPC", "securityContext"} & set(fields))
     if host:
         raise ValueError(f"a portal pod may not set {', '.join(host)}")
+    for container in [*containers, *fields.get("initContainers", [])]:
+        check_resources(container)
     spec: Manifest = {
         **fields,
         "securityContext": pod_security_context(settings),

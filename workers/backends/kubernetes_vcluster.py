@@ -93,7 +93,7 @@ def vcluster_installer_objects(owner: ko.Owner, settings: ko.KubeSettings, *, ap
 
     The values travel in a ConfigMap (JSON, which Helm reads as YAML). The Job's service account is bound to
     the built-in `admin` ClusterRole in this namespace only, for the chart's namespaced objects (StatefulSet,
-    Services, Secrets, its Role and RoleBinding). The pod takes the LimitRange's default size, within the quota.
+    Services, Secrets, its Role and RoleBinding). The pod is small (`helper_resources()`), within the quota.
     It passes the "restricted" profile like every other pod: helm needs no root, only a writable $HOME (/tmp).
     """
     ns, labels = ko.namespace_name(owner, settings), ko.portal_labels(owner, "vcluster", owner.instance)
@@ -128,6 +128,7 @@ def vcluster_installer_objects(owner: ko.Owner, settings: ko.KubeSettings, *, ap
         "command": helm,
         "env": [{"name": "HOME", "value": "/tmp"}],  # helm's cache and config
         "volumeMounts": [{"name": "values", "mountPath": "/values", "readOnly": True}],
+        "resources": ko.helper_resources(),
     }
     # helm talks to the API server, so this pod (and no other in the namespace) mounts its account's token.
     pod_spec = ko.restricted_pod_spec(

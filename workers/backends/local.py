@@ -19,6 +19,7 @@ portal has recorded it: a worker that dies before saving ``get_state()`` leaves 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -26,12 +27,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workers.backends import cgroups, diskquota, logcap
 from workers.backends.base import (
     STATE_VERSION,
     TIMEOUT_EXIT_CODE,
@@ -53,31 +56,50 @@ from workers.backends.processes import (
     instance_job,
     kind_and_job,
     notebook_job,
+    prepare_socket_dir,
     search_path,
+    server_socket,
+    socket_url,
     wait_answering,
 )
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
-from workers.backends.sandbox import Sandbox, check_available
+from workers.backends.sandbox import Sandbox, check_available, filter_fd
 
-_INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
-_WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What a workload takes from the portal's own environment: its locale and time zone. Never PATH,
+# which names the portal's own directories (its user's home, its virtualenv).
+_INHERITED_ENV = ("LANG", "LC_ALL", "TZ")
+# The PATH of the wrappers, and of workloads after their environment's ``bin``.
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Each replica's output goes through this writer, which keeps its log under a size cap.
+_LOG_WRITER = Path(logcap.__file__).resolve()
+DEFAULT_LOG_MAX_BYTES = 100 << 20
 
 SANDBOX_MODES = ("bwrap", "off")
+RESOURCE_LIMIT_MODES = ("cgroup", "off")
 # In a start's run directory: its state, from before its first replica is spawned until the portal
 # has recorded it (or given it up, or swept its processes): what adopt() takes over.
 _START_RECORD = "start.json"
 
-# $1 exit-status file, $2 cgroup.procs to join ("" for none), then the argv to run (the sandbox,
+# $1 exit-status file, $2 the cgroup.procs files to join, ":"-separated (one per cgroup hierarchy;
+# "" for none: a wrapper that cannot join them all runs nothing), then the argv to run (the sandbox,
 # or ``bash -c <command>`` where sandboxing is off). Catching TERM (rather than ignoring it) keeps
 # the command's default disposition, and lets the wrapper record the status once the command has
 # ended; SIGKILL of the group leaves no file, which poll() handles.
 _WRAPPER = r"""
-if [ -n "$2" ]; then echo $$ > "$2" || echo "portal: could not join cgroup $2" >&2; fi
+IFS=: read -ra cgroups <<< "$2"
+for procs in "${cgroups[@]}"; do
+  echo $$ > "$procs" || { echo "portal: could not join the cgroup $procs: not started" >&2; echo 125 > "$1"; exit 125; }
+done
 trap ':' TERM INT HUP
 exit_file=$1
 shift 2
-"$@"
-rc=$?
+# The output goes through the log's writer (workers/backends/logcap.py, the portal's Python), which
+# keeps the log under its cap; it ignores the stop signals, to drain the pipe to the last line.
+# Its settings, and the portal's work directory, are the wrapper's alone: not the command's.
+log_writer=("$PORTAL_PYTHON" -I "$PORTAL_LOG_WRITER" "$PORTAL_LOG" "$PORTAL_LOG_MAX_BYTES")
+unset PORTAL_OWNER PORTAL_PYTHON PORTAL_LOG_WRITER PORTAL_LOG PORTAL_LOG_MAX_BYTES
+"$@" 2>&1 | (trap '' TERM INT HUP; exec "${log_writer[@]}")
+rc=${PIPESTATUS[0]}
 echo "$rc" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"
 exit "$rc"
 """
@@ -87,16 +109,16 @@ class LocalBackend(FileOutputs):
     """Runs a job's replicas as process groups on this machine; ``spec.image`` is ignored here.
 
     Settings: ``inventory`` declares the GPUs where there is no NVIDIA driver (else ``discover()``
-    asks ``nvidia-smi``); ``cgroup_root`` is where cgroup v2 limits are applied when it is a
-    writable cgroup2 hierarchy; ``teardown_grace_s`` is the SIGTERM-to-SIGKILL grace used when
+    asks ``nvidia-smi``); ``teardown_grace_s`` is the SIGTERM-to-SIGKILL grace used when
     ``poll()`` tears a gang down or enforces ``max_runtime_s``. Failed replicas and the runtime
     limit are acted on at ``poll()``: the caller's reconcile loop is the watchdog.
 
-    Jobs get a clean environment (PATH, LANG, HOME = the job directory, the spec's env, its
-    ``portal_env`` and the rendezvous variables), never the worker's own, which holds the portal's
-    secrets. The variables reach a sandbox through a file descriptor, never a command line. With
-    ``env_root``, PATH starts with a Python environment's ``bin`` (workers/backends/pyenv.py): a
-    notebook's own, or, for jobs and instances, the SDK's, so ``python`` and ``gpuportal`` work at once.
+    Jobs get a clean environment (the system's PATH, LANG, HOME = the job directory, the spec's
+    env, its ``portal_env`` and the rendezvous variables), never the worker's own, which holds the
+    portal's secrets and names its directories. The variables reach a sandbox through a file
+    descriptor, never a command line. With ``env_root``, PATH starts with a Python environment's
+    ``bin`` (workers/backends/pyenv.py): a notebook's own, or, for jobs and instances, the SDK's,
+    so ``python`` and ``gpuportal`` work at once.
 
     ``sandbox`` is ``"bwrap"`` (every workload in a bubblewrap sandbox; a start fails, saying
     why, where bubblewrap cannot run) or ``"off"`` (the explicit opt-out of a single-user
@@ -104,6 +126,13 @@ class LocalBackend(FileOutputs):
     private directory for the wrappers' logs and exit files; ``owner`` (the portal's work
     directory) is also the root of the workspaces' directories, one of which a sandbox may write.
     ``device_root`` is where the GPUs' device nodes are (``/dev``): a sandbox gets its own GPUs'.
+    ``log_max_bytes`` caps each replica's log (workers/backends/logcap.py): past it, the oldest
+    part is dropped and a line says how much.
+
+    ``resource_limits`` is ``"cgroup"`` (every workload held to its CPU cores, memory and
+    ``pids_max`` processes by a cgroup under ``cgroup_root``, v2 or v1: workers/backends/cgroups.py;
+    a start fails, saying why, where they cannot be applied) or ``"off"`` (the explicit opt-out of a
+    single-user workstation). An instance's notebooks share its limits: they run in its group.
     """
 
     name = "local"
@@ -120,10 +149,19 @@ class LocalBackend(FileOutputs):
         sandbox: str = "bwrap",
         run_dir: str = "",
         device_root: str = "/dev",
+        log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
+        resource_limits: str = "cgroup",
+        pids_max: int = cgroups.DEFAULT_PIDS_MAX,
     ) -> None:
         if sandbox not in SANDBOX_MODES:
             modes = ", ".join(SANDBOX_MODES)
             raise BackendError(f"unknown sandbox mode {sandbox!r}: use one of {modes}", permanent=True)
+        if resource_limits not in RESOURCE_LIMIT_MODES:
+            modes = ", ".join(RESOURCE_LIMIT_MODES)
+            raise BackendError(f"unknown resource limits {resource_limits!r}: use one of {modes}", permanent=True)
+        self.resource_limits = resource_limits
+        self.pids_max = pids_max
+        self._instance_cgroup: dict[str, Any] = {}
         self.sandbox = sandbox
         self.device_root = device_root
         self.run_dir = run_dir or os.path.join(tempfile.gettempdir(), f"gpuportal-run-{os.geteuid()}")
@@ -135,6 +173,7 @@ class LocalBackend(FileOutputs):
         self.env_root = env_root
         self.notebook_start_timeout_s = notebook_start_timeout_s
         self.owner = owner
+        self.log_max_bytes = log_max_bytes
         self._state: dict[str, Any] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -200,6 +239,8 @@ class LocalBackend(FileOutputs):
         validate_spec(spec)
         if self.sandbox == "bwrap":
             check_available()
+        if spec.disk is not None:  # the workspace's directory is a filesystem of its quota's size
+            diskquota.ensure_mounted(spec.disk)
         self._environment = environment
         self._read_only = [*([str(environment)] if environment is not None else []), *read_only]
         workspace_dir = self._workspace_dir(spec)
@@ -212,7 +253,7 @@ class LocalBackend(FileOutputs):
         for stale in internal.glob("replica-*.exit"):
             stale.unlink()
         port = _free_port()
-        cgroup_procs, cgroup_state = self._prepare_cgroups(spec)
+        cgroup_procs, cgroup_state = self._prepare_cgroups(spec, kind, internal.name)
         self._state = {
             "version": STATE_VERSION,
             "kind": kind,
@@ -244,23 +285,37 @@ class LocalBackend(FileOutputs):
         return self._launch(instance_job(spec), self._sdk_environment(), kind="instance")
 
     def start_notebook(self, spec: NotebookSpec) -> Endpoint:
-        """A Jupyter server of the profile's environment on 127.0.0.1, under ``spec.base_url``,
-        with the instance's GPUs and files; returns once it answers HTTP."""
+        """A Jupyter server of the profile's environment, under ``spec.base_url``, with the
+        instance's GPUs and files; returns once it answers HTTP. It listens on a Unix socket in a
+        directory of its own outside the workspace (``server_socket()``), which only its account
+        and the portal's (the proxy's) can enter, and no TCP port: no other process can answer in
+        its place, even once it has exited. The endpoint's URL is the proxy's target for it."""
         if self._state and self._state.get("key") == spec.key and self._alive_ranks():
-            return self._endpoint()
+            return self._notebook_endpoint()
         if not self.env_root:
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
         env = ensure_env(spec.python_packages, Path(self.env_root))
-        server = notebook_job(spec, env, ip="127.0.0.1")
+        sock = server_socket(self.run_dir, Path(os.path.abspath(os.path.join(spec.work_dir, spec.key))))
+        server = notebook_job(spec, env, sock=str(sock))
+        self._instance_cgroup = dict(spec.instance_state.get("cgroup") or {})  # its group is in there
+        prepare_socket_dir(sock, spec.run_as)
         self._launch(server, env, read_only=(str(IDENTITY_MODULES),), kind="notebook")
         return self._notebook_answering(spec.base_url)
 
+    def _server_socket(self) -> Path:
+        """The socket of the notebook server this backend holds (``start_notebook()``)."""
+        return server_socket(Path(self._state["run_dir"]).parent, Path(self._state["job_dir"]))
+
+    def _notebook_endpoint(self) -> Endpoint:
+        sock = self._server_socket()
+        return Endpoint(str(sock), 0, url=socket_url(sock))  # a Unix socket: its path, no port
+
     def _notebook_answering(self, base_url: str) -> Endpoint:
         """The server's endpoint once it answers; stopped, and ``BackendError``, if it does not."""
-        port = int(self._state["port"])
+        endpoint = self._notebook_endpoint()
         try:
             wait_answering(
-                f"http://127.0.0.1:{port}{base_url}api",
+                f"{endpoint.url}{base_url}api",
                 alive=lambda: bool(self._alive_ranks()),
                 log_tail=lambda: _tail(self._state["replicas"][0]["log"]),
                 timeout_s=self.notebook_start_timeout_s,
@@ -269,7 +324,7 @@ class LocalBackend(FileOutputs):
             self._terminate(grace_s=self.teardown_grace_s, reason="the notebook server did not start")
             self._finish()
             raise
-        return Endpoint("127.0.0.1", port, url=f"http://127.0.0.1:{port}")
+        return endpoint
 
     def adopt(self, spec: Spec) -> Endpoint | None:
         """Take over the last start under ``spec.key`` if the portal never recorded it: the state
@@ -295,12 +350,15 @@ class LocalBackend(FileOutputs):
         if isinstance(spec, NotebookSpec):
             if self._alive_ranks():
                 return self._notebook_answering(spec.base_url)
-            return Endpoint("127.0.0.1", int(record["port"]), url=f"http://127.0.0.1:{record['port']}")
+            return self._notebook_endpoint()
         return self._endpoint()
 
     def _workspace_dir(self, spec: JobSpec) -> Path:
-        """The directory a workload may write: its workspace's under the portal's work directory,
-        else (a backend driven without one) the spec's own work directory."""
+        """The directory a workload may write: the spec's ``writable_dir`` (an instance's or a
+        notebook's: its instance's), else its workspace's under the portal's work directory, else
+        (a backend driven without one) the spec's own work directory."""
+        if spec.writable_dir:
+            return Path(os.path.abspath(spec.writable_dir))
         work_dir = Path(os.path.abspath(spec.work_dir))
         if self.owner:
             workspace_dir = Path(os.path.abspath(self.owner)) / spec.workspace
@@ -321,14 +379,18 @@ class LocalBackend(FileOutputs):
         digest = hashlib.sha256(str(job_dir).encode()).hexdigest()[:16]
         return Path(self.run_dir) / f"{job_dir.name}-{digest}"
 
-    def _command_argv(self, spec: JobSpec, command: str, devices: list[str], args_fd: int | None) -> list[str]:
+    def _command_argv(
+        self, spec: JobSpec, command: str, devices: list[str], args_fd: int | None, seccomp_fd: int | None
+    ) -> list[str]:
         if self.sandbox == "off":
             return ["bash", "-c", command]
-        return self._sandbox(spec, devices).argv(command, args_fd)
+        return self._sandbox(spec, devices).argv(command, args_fd, seccomp_fd)
 
     def _sandbox(self, spec: JobSpec, devices: list[str]) -> Sandbox:
+        # A notebook's server also writes its socket's directory (``start_notebook()``).
+        sockets = [str(self._server_socket().parent)] if self._state["kind"] == "notebook" else []
         return Sandbox(
-            writable=[self._state["workspace_dir"]],
+            writable=[self._state["workspace_dir"], *sockets],
             read_only=list(self._read_only),
             devices=devices,
             run_as=spec.run_as,
@@ -337,54 +399,25 @@ class LocalBackend(FileOutputs):
         )
 
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
-        job_dir = Path(self._state["job_dir"])
-        log_path = Path(self._state["run_dir"]) / f"replica-{rank}.log"
-        exit_path = Path(self._state["run_dir"]) / f"replica-{rank}.exit"
+        run_dir = Path(self._state["run_dir"])
+        log_path, exit_path = run_dir / f"replica-{rank}.log", run_dir / f"replica-{rank}.exit"
         devices = spec.devices[rank] if spec.devices else []
-        env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env.update(spec.env)
-        env["PATH"] = search_path(self._environment, env["PATH"])
-        env.update(spec.portal_env)
-        env.update(
-            HOME=str(job_dir),
-            PYTHONUNBUFFERED="1",
-            PORTAL_JOB_KEY=spec.key,
-            PORTAL_OWNER=self.owner,
-            PORTAL_ARTIFACTS_DIR=str(job_dir / "artifacts"),
-            CUDA_VISIBLE_DEVICES=",".join(devices),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(spec.replicas),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        wrapper_env = env
-        args_fd = None
-        if self.sandbox != "off":
-            # The wrapper runs with the portal's rights: it gets none of the workload's variables
-            # (BASH_ENV, LD_PRELOAD...), which go to the sandbox through a file descriptor.
-            wrapper_env = {"PATH": _WRAPPER_PATH, "PORTAL_JOB_KEY": spec.key, "PORTAL_OWNER": self.owner}
-            args_fd = _memfd(self._sandbox(spec, devices).env_args(env))
-        command = self._command_argv(spec, spec.command, devices, args_fd)
-        argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, *command]
+        env = self._workload_env(spec, rank, port, devices)
+        fds: list[int] = []
         try:
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    argv,
-                    # A sandbox starts in the job's directory (--chdir); its wrapper, with the
-                    # portal's rights, stays out of a directory user code can change.
-                    cwd=job_dir if self.sandbox == "off" else self._state["run_dir"],
-                    env=wrapper_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(args_fd,) if args_fd is not None else (),
-                )
+            if self.sandbox != "off":
+                # The wrapper runs with the portal's rights: it gets none of the workload's variables
+                # (BASH_ENV, LD_PRELOAD...), which go to the sandbox through a file descriptor, as
+                # does the seccomp filter the sandbox runs under.
+                fds.append(_memfd(self._sandbox(spec, devices).env_args(env)))
+                fds.append(filter_fd())
+            args_fd, seccomp_fd = fds if fds else (None, None)
+            command = self._command_argv(spec, spec.command, devices, args_fd, seccomp_fd)
+            argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, *command]
+            proc = self._popen(argv, self._wrapper_env(spec, log_path, env), log_path, fds)
         finally:
-            if args_fd is not None:
-                os.close(args_fd)
+            for fd in fds:
+                os.close(fd)
         self._procs[rank] = proc
         stat = _read_stat(proc.pid)
         self._state["replicas"].append(
@@ -398,6 +431,63 @@ class LocalBackend(FileOutputs):
                 "exit_file": str(exit_path),
             }
         )
+
+    def _workload_env(self, spec: JobSpec, rank: int, port: int, devices: list[str]) -> dict[str, str]:
+        """A replica's variables: the portal's locale, the spec's, the system's PATH (or the spec's)
+        after its environment's ``bin``, the SDK's settings and the rendezvous. Nothing else of the
+        portal's: not its PATH (its account's home, its virtualenv), not its work directory."""
+        job_dir = Path(self._state["job_dir"])
+        env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        env.update(spec.env)
+        env["PATH"] = search_path(self._environment, spec.env.get("PATH", _SYSTEM_PATH))
+        env.update(spec.portal_env)
+        env.update(
+            HOME=str(job_dir),
+            PYTHONUNBUFFERED="1",
+            PORTAL_JOB_KEY=spec.key,
+            PORTAL_ARTIFACTS_DIR=str(job_dir / "artifacts"),
+            CUDA_VISIBLE_DEVICES=",".join(devices),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(spec.replicas),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        return env
+
+    def _wrapper_env(self, spec: JobSpec, log_path: Path, env: dict[str, str]) -> dict[str, str]:
+        """The wrapper's variables: its workload's key and owner, which ``sweep_orphans()`` reads
+        in /proc, and its log writer's settings; the wrapper unsets them but the key before it runs
+        the command. Where sandboxing is off, the command has the wrapper's environment: ``env``."""
+        own = {
+            "PORTAL_JOB_KEY": spec.key,
+            "PORTAL_OWNER": self.owner,
+            "PORTAL_PYTHON": sys.executable or "python3",
+            "PORTAL_LOG_WRITER": str(_LOG_WRITER),
+            "PORTAL_LOG": str(log_path),
+            "PORTAL_LOG_MAX_BYTES": str(self.log_max_bytes),
+        }
+        return {**env, **own} if self.sandbox == "off" else {"PATH": _SYSTEM_PATH, **own}
+
+    def _popen(self, argv: list[str], env: dict[str, str], log_path: Path, fds: list[int]) -> subprocess.Popen[bytes]:
+        """Start a wrapper, its output appended to ``log_path`` (made anew), as its log writer's is."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.open(log_path, flags, 0o600)
+        try:
+            return subprocess.Popen(
+                argv,
+                # A sandbox starts in the job's directory (--chdir); its wrapper, with the
+                # portal's rights, stays out of a directory user code can change.
+                cwd=self._state["job_dir"] if self.sandbox == "off" else self._state["run_dir"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=tuple(fds),
+            )
+        finally:
+            os.close(log)
 
     def _endpoint(self) -> Endpoint:
         return Endpoint(host="127.0.0.1", port=int(self._state["port"]))
@@ -463,6 +553,7 @@ class LocalBackend(FileOutputs):
             codes = [c for _, c, _ in self._recorded_exits()] + self._unrecorded_exit_codes()
             code = next((c for c in codes if c != 0), 0)
         message = killed.get("reason") or ("exited" if code == 0 else f"exited with code {code}")
+        message = self._out_of_memory(code, killed) or message
         self._state["final"] = {"exit_code": code, "message": message, "ended_at": time.time()}
         self._remove_cgroups()
         return Status("exited", code, message)
@@ -607,38 +698,96 @@ class LocalBackend(FileOutputs):
                 # one under ours is read: a workload may forge a command line, not a file in there).
                 run_dir = Path(os.fsdecode(cmdline[4])).parent
                 if run_dir.parent == Path(self.run_dir):
-                    _drop_record(run_dir, pid=int(entry))
+                    _drop_orphan(run_dir, int(entry))
         return stopped
 
     # -- cgroups -------------------------------------------------------------------------------
 
-    def _prepare_cgroups(self, spec: JobSpec) -> tuple[list[str], dict[str, Any]]:
-        """Create one cgroup v2 per replica with cpu.max and memory.max; never fail the job for it."""
-        root = Path(self.cgroup_root)
-        if not _is_cgroup2(root):
-            return [], {"applied": False, "reason": f"{root} is not a cgroup2 hierarchy", "paths": []}
-        paths: list[str] = []
+    def _prepare_cgroups(self, spec: JobSpec, kind: str, name: str) -> tuple[list[str], dict[str, Any]]:
+        """Make the workload's cgroups, named ``name`` (workers/backends/cgroups.py: a job's replicas
+        each a leaf with its limits; an instance a group with its limits and its holder's leaf; a
+        notebook a leaf in its instance's group). Returns, for each replica, the ``cgroup.procs``
+        files its wrapper joins (":"-separated), and the state to keep. With limits on and no way
+        to apply them: ``BackendError(permanent=True)`` saying why and how; nothing is started."""
+        if self.resource_limits == "off":
+            return [], {"applied": False, "reason": "resource limits are off (PORTAL_RESOURCE_LIMITS=off)"}
+        limits = cgroups.Limits(spec.cpu_cores, spec.memory_gb, self.pids_max)
+        for attempt in range(2):
+            try:
+                hierarchy = self._cgroup_hierarchy()
+                shared = self._instance_group(hierarchy) if kind == "notebook" else None
+                if shared is not None:
+                    limits = shared[1]  # the instance's, which its notebooks share
+                instance = shared[0] if shared is not None else None
+                group, leaves = cgroups.make_workload(
+                    hierarchy, name, limits, kind=kind, replicas=spec.replicas, instance=instance
+                )
+                break
+            except FileNotFoundError:  # the portal's root group, emptied by a workload's end, went meanwhile
+                if attempt:
+                    raise BackendError("the portal's cgroup vanished twice while starting", permanent=False) from None
+            except OSError as exc:
+                transient = exc.errno in (errno.EAGAIN, errno.EBUSY, errno.ENOSPC, errno.ENOMEM)
+                raise BackendError(f"could not make the workload's cgroup: {exc}", permanent=not transient) from exc
+        state = {
+            "applied": True,
+            "version": hierarchy.version,
+            "limits": limits.to_json(),
+            "root": hierarchy.root.to_json(),
+            "group": group.to_json(),
+            "replicas": [leaf.to_json() for leaf in leaves],
+        }
+        return [":".join(leaf.procs_files()) for leaf in leaves], state
+
+    def _cgroup_hierarchy(self) -> cgroups.Hierarchy:
+        """Where this portal's groups go: named after its run directory, so that portals sharing
+        the machine never share one."""
+        portal = hashlib.sha256(os.path.abspath(self.run_dir).encode()).hexdigest()[:12]
         try:
-            parent = root / "gpuportal"
-            parent.mkdir(exist_ok=True)
-            _write(root / "cgroup.subtree_control", "+cpu +memory")
-            _write(parent / "cgroup.subtree_control", "+cpu +memory")
-            for rank in range(spec.replicas):
-                group = parent / f"{spec.key}-r{rank}"
-                group.mkdir(exist_ok=True)
-                paths.append(str(group))
-                _write(group / "cpu.max", f"{max(1000, int(spec.cpu_cores * 100_000))} 100000")
-                _write(group / "memory.max", str(int(spec.memory_gb * (1 << 30))))
-        except OSError as exc:
-            for path in [*paths, str(root / "gpuportal")]:
-                _rmdir_quietly(path)
-            return [], {"applied": False, "reason": f"cgroup setup failed: {exc}", "paths": []}
-        limits = {"cpu_cores": spec.cpu_cores, "memory_gb": spec.memory_gb}
-        return [f"{p}/cgroup.procs" for p in paths], {"applied": True, "reason": "", "paths": paths, **limits}
+            return cgroups.open_hierarchy(self.cgroup_root, portal)
+        except cgroups.Unavailable as exc:
+            raise BackendError(
+                f"workloads cannot be held to their CPU, memory and process limits: {exc}. Run the portal "
+                "where it can create cgroups (as root, or with a delegated cgroup v2 subtree; see "
+                "docs/security.md), or, on a single-user workstation only, set PORTAL_RESOURCE_LIMITS=off "
+                "to run workloads without limits.",
+                permanent=True,
+            ) from exc
+
+    def _instance_group(self, hierarchy: cgroups.Hierarchy) -> tuple[cgroups.Group, cgroups.Limits] | None:
+        """The group and limits of the instance a notebook runs on (from the instance's state, see
+        ``start_notebook()``), where it has one of this portal's that still exists; else ``None``:
+        the notebook gets a group of its own, with the instance's size."""
+        state = self._instance_cgroup
+        if not state.get("applied") or not state.get("group") or not state.get("limits"):
+            return None
+        group = cgroups.Group.from_json(state["group"])
+        if not hierarchy.holds(group) or not group.exists():
+            return None
+        return group, cgroups.Limits.from_json(state["limits"])
+
+    def _out_of_memory(self, code: int, killed: dict[str, Any]) -> str:
+        """The message of a workload that failed after the kernel killed a process of it for going
+        past its memory, "killed: out of memory (limit 4 GiB)"; "" otherwise, and for a stop or a
+        timeout. Read before the groups are removed, with the count kept in the state."""
+        cgroup = self._state.get("cgroup") or {}
+        if code == 0 or not cgroup.get("limits") or (killed and killed.get("exit_code") in (None, TIMEOUT_EXIT_CODE)):
+            return ""
+        cgroup["oom_kills"] = sum(cgroups.oom_kills(cgroups.Group.from_json(leaf)) for leaf in cgroup["replicas"])
+        if not cgroup["oom_kills"]:
+            return ""
+        return f"killed: out of memory (limit {cgroups.Limits.from_json(cgroup['limits']).memory_text()})"
 
     def _remove_cgroups(self) -> None:
-        for path in self._state.get("cgroup", {}).get("paths", []):
-            _rmdir_quietly(path)
+        """Remove the workload's group, and what runs in it still (a process that left its process
+        group does not outlive the workload); a notebook's is its leaf in its instance's group."""
+        cgroup = self._state.get("cgroup") or {}
+        if cgroup.get("group"):
+            cgroups.remove(cgroups.Group.from_json(cgroup["group"]))
+            cgroups.prune(cgroups.Group.from_json(cgroup["root"]))
+        for path in cgroup.get("paths", []):  # the groups of a state written before cgroups.py
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -696,26 +845,6 @@ def _free_port() -> int:
         return port
 
 
-def _is_cgroup2(root: Path) -> bool:
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    return any(line.split()[1:3] == [str(root), "cgroup2"] for line in mounts if len(line.split()) > 2)
-
-
-def _write(path: Path, value: str) -> None:
-    try:
-        path.write_text(value)
-    except OSError as exc:  # a failed write() names no file: say which one, for the state's reason
-        raise OSError(exc.errno, f"writing {value!r} to {path}: {exc.strerror}") from exc
-
-
-def _rmdir_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
 def _read_record(run_dir: Path) -> dict[str, Any] | None:
     """The state a start left in its run directory (``_START_RECORD``), if any."""
     try:
@@ -723,6 +852,19 @@ def _read_record(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("replicas"), list) else None
+
+
+def _drop_orphan(run_dir: Path, pid: int) -> None:
+    """Forget the start that spawned the orphan ``pid``: its record, and its cgroup, with whatever
+    still runs in it."""
+    record = _read_record(run_dir)
+    if record is not None and pid in [replica.get("pid") for replica in record["replicas"]]:
+        cgroup = record.get("cgroup") or {}
+        if cgroup.get("group"):
+            with contextlib.suppress(ValueError, KeyError):
+                cgroups.remove(cgroups.Group.from_json(cgroup["group"]))
+                cgroups.prune(cgroups.Group.from_json(cgroup["root"]))
+    _drop_record(run_dir, pid=pid)
 
 
 def _drop_record(run_dir: Path, *, started_at: Any = None, pid: int | None = None) -> None:

@@ -34,6 +34,10 @@ def _build(cluster: Any) -> Backend:
             owner=str(settings.PORTAL_WORK_DIR),
             sandbox=str(settings.PORTAL_SANDBOX),
             run_dir=str(settings.PORTAL_RUN_DIR),
+            log_max_bytes=int(settings.PORTAL_LOG_MAX_MB) << 20,
+            resource_limits=str(settings.PORTAL_RESOURCE_LIMITS),
+            cgroup_root=str(settings.PORTAL_CGROUP_ROOT),
+            pids_max=int(settings.PORTAL_WORKLOAD_PIDS_MAX),
         )
     if kind == "slurm":
         from django.conf import settings

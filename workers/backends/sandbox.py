@@ -17,6 +17,13 @@ What a sandboxed process sees (see docs/security.md for the threat model):
 - **Identity**: when the portal runs as root, the workload runs as its workspace's own Unix
   account (``setpriv`` drops to it inside the sandbox, with no capabilities and
   ``no_new_privs``); as an ordinary user, bubblewrap puts it in a user namespace of its own.
+- **No user namespaces of its own**: a seccomp filter (:func:`no_userns_filter`) makes
+  ``unshare`` and ``clone`` with ``CLONE_NEWUSER`` fail (``EPERM``), and ``clone3`` too
+  (``ENOSYS``, whose flags a filter cannot read; the C library then falls back to ``clone``). In a
+  user namespace of its own a process holds every capability over the namespaces it makes, which
+  opens much of the kernel (mounts, netfilter, ...) to unprivileged code: the surface most
+  namespace escapes go through. Where bubblewrap makes the sandbox's own user namespace (an
+  ordinary user's portal), ``--disable-userns`` says the same.
 
 **Lifetime.** The sandbox is started by the workload's wrapper, a small shell that leads its own
 session outside the sandbox and records the exit status: the wrapper, not the portal's worker, is
@@ -29,11 +36,14 @@ the workload gets its grace period, and SIGKILL to the whole group after it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +56,8 @@ SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 USR_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/lib32": "usr/lib32"}
 #: The NVIDIA driver's shared device nodes: every GPU workload needs them as well as its own GPUs'.
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+#: The flag of unshare(2) and clone(2) that makes a user namespace (``os.CLONE_NEWUSER``, Python 3.12+).
+CLONE_NEWUSER = 0x10000000
 
 
 @dataclass
@@ -74,14 +86,19 @@ class Sandbox:
             options += ["--setenv", key, value]
         return b"".join(option.encode() + b"\0" for option in options)
 
-    def argv(self, command: str, args_fd: int | None = None) -> list[str]:
+    def argv(self, command: str, args_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
         """bubblewrap's argv running ``bash -c command`` inside the sandbox; ``args_fd`` is a file
-        descriptor holding :meth:`env_args`, read by bubblewrap before it starts the command."""
+        descriptor holding :meth:`env_args`, read by bubblewrap before it starts the command, and
+        ``seccomp_fd`` one holding :func:`no_userns_filter`, which the command runs under."""
         args = [self.bwrap, *(["--args", str(args_fd)] if args_fd is not None else [])]
         args += ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args.append("--unshare-cgroup-try")
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         if os.geteuid() != 0:
             args.append("--unshare-user")
+            if "--disable-userns" in _bwrap_options(self.bwrap):
+                args.append("--disable-userns")
         args += ["--hostname", "sandbox"]
         for path in _existing(SYSTEM_DIRS):
             args += ["--ro-bind", path, path]
@@ -148,7 +165,8 @@ def check_available(bwrap: str = "bwrap") -> str:
     """Return bubblewrap's path, or raise a permanent ``BackendError`` saying how to get it.
 
     A portal that cannot sandbox refuses to start user code (fail closed); the single-user
-    opt-out is ``PORTAL_SANDBOX=off``."""
+    opt-out is ``PORTAL_SANDBOX=off``. A sandbox includes its seccomp filter: without
+    libseccomp (Debian's ``libseccomp2``) and ``pyseccomp`` there is none."""
     path = shutil.which(bwrap)
     if path is None:
         raise BackendError(
@@ -170,15 +188,82 @@ def check_available(bwrap: str = "bwrap") -> str:
 
 @functools.lru_cache(maxsize=4)
 def _probe(path: str) -> str:
-    """'' when bubblewrap can make a sandbox like the workloads' (namespaces, binds), else why not."""
+    """'' when bubblewrap can make a sandbox like the workloads' (namespaces, binds, the seccomp
+    filter), else why not."""
     argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--ro-bind", "/", "/", "--proc", "/proc"]
     if os.geteuid() != 0:
         argv.append("--unshare-user")
     try:
-        done = subprocess.run([*argv, "--", "true"], capture_output=True, text=True, timeout=20, check=False)
+        seccomp_fd = filter_fd()
+    except BackendError as exc:
+        return str(exc)
+    try:
+        done = subprocess.run(
+            [*argv, "--seccomp", str(seccomp_fd), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+            pass_fds=(seccomp_fd,),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
+    finally:
+        os.close(seccomp_fd)
     return "" if done.returncode == 0 else (done.stderr.strip() or f"exit status {done.returncode}")[-300:]
+
+
+def filter_fd() -> int:
+    """A new file descriptor holding :func:`no_userns_filter`, positioned at its start, for
+    bubblewrap's ``--seccomp`` (which reads it once); the caller closes it."""
+    fd = os.memfd_create("portal-sandbox-seccomp")
+    os.write(fd, no_userns_filter())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+#: The other instruction sets a machine's kernel may run (32-bit programs): the filter covers
+#: them too, rather than letting libseccomp's default kill every process that uses them.
+_COMPAT_ARCHES = {"x86_64": ("X86",), "aarch64": ("ARM",)}
+
+
+@functools.lru_cache(maxsize=1)
+def no_userns_filter() -> bytes:
+    """The seccomp program every sandboxed workload runs under, as classic BPF (what bubblewrap's
+    ``--seccomp`` reads): ``unshare`` and ``clone`` asking for ``CLONE_NEWUSER`` fail with
+    ``EPERM``, ``clone3`` with ``ENOSYS`` (so the C library falls back to ``clone``, whose flags
+    the filter can read); every other call is allowed. ``BackendError(permanent=True)`` where
+    libseccomp or its bindings are missing."""
+    try:
+        import pyseccomp  # type: ignore[import-untyped]  # (no type hints shipped)
+    except (ImportError, RuntimeError) as exc:  # RuntimeError: the bindings found no libseccomp
+        raise BackendError(
+            f"workloads cannot be sandboxed: no seccomp filter can be built ({exc}). Install libseccomp "
+            "(apt-get install libseccomp2) and the pinned requirements (pyseccomp).",
+            permanent=True,
+        ) from exc
+    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for arch in _COMPAT_ARCHES.get(platform.machine(), ()):
+        rules.add_arch(getattr(pyseccomp.Arch, arch))
+    refused = pyseccomp.ERRNO(errno.EPERM)
+    # clone(2)'s flags are its first argument, but on s390 (CLONE_BACKWARDS2) its second.
+    clone_flags = 1 if platform.machine().startswith("s390") else 0
+    rules.add_rule(refused, "unshare", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+    rules.add_rule(refused, "clone", pyseccomp.Arg(clone_flags, pyseccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+    rules.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as program:
+        rules.export_bpf(program)
+        program.seek(0)
+        return program.read()
+
+
+@functools.lru_cache(maxsize=4)
+def _bwrap_options(bwrap: str) -> str:
+    """bubblewrap's ``--help`` (its options), '' where it cannot be run."""
+    try:
+        return subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 def _parents(paths: Iterable[str]) -> list[str]:

@@ -12,6 +12,7 @@ from apps.monitoring.cycles import timed_cycle
 from apps.scheduling.adapter import requeue_unready_gangs
 from apps.telemetry import record as telemetry
 from apps.workloads.host import SWEEP_EVERY_S, reconcile
+from apps.workspaces import disks
 from apps.workspaces.live import HEARTBEAT_S, heartbeat
 
 logger = logging.getLogger(__name__)
@@ -21,8 +22,9 @@ class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
         "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, and run a "
-        "scheduling cycle; and every 5 seconds "
-        "send open pages the live-update heartbeat that tells them updates reach them."
+        "scheduling cycle; every 5 seconds "
+        "send open pages the live-update heartbeat that tells them updates reach them, and keep up the "
+        "workspaces' disks on this machine."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -38,6 +40,9 @@ class Command(BaseCommand):
             # Open pages say "Live" while these beats arrive: a thread of its own keeps them
             # regular whatever the interval and however long a cycle takes.
             threading.Thread(target=self._beat, args=(stop,), name="live-heartbeat", daemon=True).start()
+            # The workspaces' disks on this machine (mounts, quota changes, measurements) in a thread
+            # of their own: resizing or measuring one never holds up a cycle.
+            threading.Thread(target=disks.keep_up, args=(stop,), name="workspace-disks", daemon=True).start()
         while not stop.is_set():
             close_old_connections()
             try:
