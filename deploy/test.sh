@@ -37,7 +37,10 @@ PORTAL_ENV=production SECRET_KEY="$(head -c 48 /dev/urandom | base64)" ALLOWED_H
   PORTAL_NOTEBOOK_DOMAIN=nb.example.org "$PY" manage.py check --deploy --fail-level WARNING
 
 echo "== tests"
-"$PY" -m pytest -n 2 --ignore=tests/browser "$@"
+"$PY" -m pytest -n 2 --ignore=tests/browser -m "not pressure" "$@"
+
+echo "== attack tests (each times another tenant's API while a workload attacks: nothing else runs meanwhile)"
+"$PY" -m pytest -m pressure tests/security "$@" || [ $? -eq 5 ]  # 5: an argument selected none of them
 
 echo "== browser tests (Chromium against live portals; two test processes of their own)"
 "$PY" -m pytest -n 2 tests/browser
