@@ -52,6 +52,12 @@ def test_instance_and_notebook_run_as_slurm_jobs(
     assert "RUNNING" in squeue(server)
     users = subprocess.run(["squeue", "-h", "-j", f"{holder},{server}", "-o", "%u %a"], capture_output=True, text=True)
     assert users.stdout.split("\n")[:2] == [f"gpw{tx_world.team_a.pk} team-a"] * 2  # the workspace's accounts
+    # The server imports the portal's identity module from its environment, which the portal alone
+    # writes: a copy in the workspace's directory could be replaced by the workspace's code.
+    assert not list(shared_work.rglob("portal_identity.py"))
+    identity = next(SHARED_ENV_DIR.glob("*/share/gpuportal/identity/portal_identity.py"))
+    for path in (identity, identity.parent):
+        assert path.stat().st_uid == 0 and path.stat().st_mode & 0o022 == 0, path
 
     # On its own host: a member signs in through the portal, someone of another workspace is not
     # let in, and the server's token works for scripts.

@@ -111,6 +111,24 @@ def server_command(env_dir: Path, spec: NotebookSpec, *, ip: str = "", port: str
     return f"cd {shlex.quote(str(env_dir))} && " + _SERVER_ENV + "exec " + " ".join(args)
 
 
+def install_identity(env_dir: Path) -> Path:
+    """A copy of the identity module in the notebook environment ``env_dir``, for servers that run
+    on other machines (Slurm's nodes see the environment on shared storage): the portal alone writes
+    there, so no workspace can replace the module its server imports. Returns its directory."""
+    target = env_dir / "share" / "gpuportal" / "identity"
+    target.mkdir(parents=True, exist_ok=True)
+    for module in sorted(IDENTITY_MODULES.glob("*.py")):
+        text, dest = module.read_bytes(), target / module.name
+        if not dest.is_file() or dest.read_bytes() != text:
+            partial = target / f".{module.name}.{os.getpid()}"
+            partial.write_bytes(text)
+            partial.chmod(0o644)
+            os.replace(partial, dest)
+    for directory in (target.parent, target):
+        directory.chmod(0o755)  # readable by every workspace's account, whatever the umask
+    return target
+
+
 def instance_job(spec: InstanceSpec) -> JobSpec:
     """The job that holds an instance's GPUs (and its cgroup or allocation) until it is stopped."""
     return JobSpec(

@@ -58,7 +58,7 @@ from workers.backends.base import (
 )
 from workers.backends.files import FileOutputs, check_reachable, dirs_between, open_inside, prepare_dir, write_new_file
 from workers.backends.processes import (
-    IDENTITY_MODULES,
+    install_identity,
     instance_job,
     kind_and_job,
     notebook_job,
@@ -291,7 +291,6 @@ class SlurmBackend(FileOutputs):
         self.notebook_start_timeout_s = notebook_start_timeout_s
         self.python = python or sys.executable
         self._state: dict[str, Any] = {}
-        self._extra_files: dict[str, str] = {}  # written under the job's .portal/ at start
         self._environment: Path | None = None  # its bin first on the job's PATH
 
     def _run(self, argv: list[str]) -> str:
@@ -364,9 +363,6 @@ class SlurmBackend(FileOutputs):
         script = internal / "job.sh"
         write_new_file(script, self._script(spec, job_dir), run_as, mode=0o700)
         write_new_file(internal / "replica.sh", _replica_script(spec.command), run_as, mode=0o700)
-        for relative, text in self._extra_files.items():
-            prepare_dir((internal / relative).parent, run_as)
-            write_new_file(internal / relative, text, run_as)
         gpus = len(spec.devices[0]) if spec.devices else 0
         argv = [
             *_as_user(run_as),
@@ -517,14 +513,11 @@ class SlurmBackend(FileOutputs):
         server = notebook_job(spec, env, ip=f'"{node_addr}"')
         if spec.run_as is not None and os.geteuid() == 0:
             # The server runs as the workspace's account: it must reach the environment (and the
-            # interpreter behind it), and gets its own copy of the portal's identity module.
+            # interpreter behind it), and the copy of the portal's identity module kept there, in
+            # a directory no workspace can write.
             check_reachable(env, "the notebook environment")
             check_reachable(os.path.realpath(env / "bin" / "python"), "the notebook environment's Python")
-            identity = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key))) / ".portal" / "identity"
-            self._extra_files = {
-                f"identity/{module.name}": module.read_text() for module in sorted(IDENTITY_MODULES.glob("*.py"))
-            }
-            server.env["PYTHONPATH"] = str(identity)
+            server.env["PYTHONPATH"] = str(install_identity(env))
         self._launch(server, env, kind="notebook")
         return self._notebook_answering(spec.base_url)
 
