@@ -254,7 +254,7 @@ def _watch(kind: Kind, pk: int) -> Any | None:
     if kind.restarts_in_place:
         if backend is not None and status.running:
             return row
-        return _restart(kind, pk, state)
+        return _restart(kind, pk, state, status.message if backend is not None else "")
     if backend is None:
         return row
     with transaction.atomic():
@@ -271,9 +271,10 @@ def _watch(kind: Kind, pk: int) -> Any | None:
     return row
 
 
-def _restart(kind: Kind, pk: int, state: dict[str, Any] | None) -> Any | None:
+def _restart(kind: Kind, pk: int, state: dict[str, Any] | None, last: str = "") -> Any | None:
     """Its processes died (or stopped with the embedded portal, when `state` is None): start it
-    again in place; after ``PORTAL_RESTART_LIMIT`` deaths it fails."""
+    again in place; after ``PORTAL_RESTART_LIMIT`` deaths it fails, saying how the last one ended
+    (``last``: the backend's word, such as "killed: out of memory (limit 4 GiB)")."""
     with transaction.atomic():
         row = _locked(kind, pk)
         if kind.phase(row) is not Phase.WATCH or row.backend_state != state:
@@ -282,7 +283,8 @@ def _restart(kind: Kind, pk: int, state: dict[str, Any] | None) -> Any | None:
         if restarts > settings.PORTAL_RESTART_LIMIT:
             kind.disconnect(row)
             row.backend_state = None
-            kind.record_start_failure(row, f"its processes ended {restarts} times", timed_out=False)
+            ended = f"its processes ended {restarts} times" + (f", the last time {last}" if last else "")
+            kind.record_start_failure(row, ended, timed_out=False)
             return row
         row.backend_state = None
         row.restarts = restarts

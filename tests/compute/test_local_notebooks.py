@@ -366,7 +366,7 @@ def test_deleting_an_instance_stops_its_notebooks(
 
 
 def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_ones(
-    proxy: Proxy, tx_world: World, jupyter_profile: NotebookProfile
+    proxy: Proxy, tx_world: World, jupyter_profile: NotebookProfile, settings: Any
 ) -> None:
     instance, notebook = _launch(tx_world, jupyter_profile)
     token = {"Authorization": f"token {notebook.access_token}"}
@@ -395,3 +395,14 @@ def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_on
     assert "/ghost-999999.localhost" not in proxy.routes()
     assert browser_session().get(f"{notebook.url}api/status", headers=token, timeout=10).ok
     assert Instance.objects.get(pk=instance.pk).state == Instance.State.RUNNING
+
+    # Past the restart limit it fails, saying how its processes ended the last time.
+    settings.PORTAL_RESTART_LIMIT = 1
+    for pid in _pids(Notebook.objects.get(pk=notebook.pk)):
+        os.killpg(pid, 9)
+    reconcile()
+    notebook.refresh_from_db()
+    assert notebook.state == Notebook.State.FAILED
+    assert notebook.failure_reason.startswith("its processes ended 2 times, the last time exited with code"), (
+        notebook.failure_reason
+    )
