@@ -22,9 +22,10 @@ import pytest
 
 from apps.jobs.models import Job
 from apps.workspaces import disks
+from tests.converge import settle
 from tests.personas import World, api_token
 from tests.security.pressure import Bystander, Latencies, assert_within_budget
-from tests.workspaces.local_jobs import GIB, LocalPortal, fill_command, local_portal, log_of, settle, wrote
+from tests.workspaces.local_jobs import GIB, LocalPortal, fill_command, local_portal, log_of, wrote
 
 MB = 1 << 20
 

@@ -29,6 +29,7 @@ from django.conf import settings as django_settings
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads import host
+from tests.converge import settle
 from tests.personas import World
 from workers.backends import logcap
 
@@ -101,17 +102,6 @@ class Scene:
 
     def attack_command(self) -> str:
         return f"python3 -c {shlex.quote(ATTACK)} {shlex.quote(json.dumps(self.targets))}"
-
-
-def settle(job: Job, timeout_s: float = 30.0) -> Job:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        host.converge("job", job.pk)
-        job.refresh_from_db()
-        if job.state in (Job.State.SUCCEEDED, Job.State.FAILED):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job.pk} is {job.state}")
 
 
 def leaks_in(text: str) -> set[str]:

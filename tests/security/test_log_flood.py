@@ -21,6 +21,7 @@ import pytest
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads import host
+from tests.converge import settle
 from tests.personas import World, api_token
 from tests.security.pressure import Bystander, assert_within_budget
 from workers.backends.logcap import READ_SIZE
@@ -40,17 +41,6 @@ def flood_settings(tx_world: World, live_server: Any, settings: Any, tmp_path: P
         yield Bystander(live_server.url, "/api/v1/jobs/?workspace=team-b", api_token(tx_world.charlie))
     finally:
         host.stop_on_this_machine()
-
-
-def settle(job: Job, timeout_s: float = 60.0) -> Job:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        host.converge("job", job.pk)
-        job.refresh_from_db()
-        if job.is_final:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job.pk} is still {job.state}")
 
 
 def alive(pid: int) -> bool:

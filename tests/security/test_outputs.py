@@ -47,6 +47,7 @@ from apps.scheduling.trigger import COLLECT_ARTIFACTS, run_here
 from apps.workloads import host
 from portal.celery import app as celery_app
 from tests.api.endpoints import job as api_job
+from tests.converge import settle
 from tests.mail import body_of, smtp_server
 from tests.personas import World
 from workers.backends import files
@@ -71,18 +72,6 @@ def run(settings: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any) 
         return job
 
     return submit
-
-
-def settle(job: Job, timeout_s: float = 20.0) -> Job:
-    """Converge the job, as the worker does, until it ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        host.converge("job", job.pk)
-        job.refresh_from_db()
-        if job.is_final:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job.pk} is {job.state}")
 
 
 def test_it_refuses_sparse_huge_artifacts_by_their_size_without_reading_them(world: World, run: Any) -> None:

@@ -32,6 +32,7 @@ from django.test import Client
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Job
 from apps.workloads import host
+from tests.converge import settle
 from tests.personas import World, api_token
 from tests.security.pressure import Bystander, assert_within_budget
 from workers.backends import cgroups
@@ -81,17 +82,6 @@ def arena(tx_world: World, live_server: Any, settings: Any, tmp_path: Path) -> I
         # admitted and started at once with the scheduler and the worker in-process.
         settings.PORTAL_SCHEDULER_TRIGGER = settings.PORTAL_WORKLOAD_TRIGGER = "off"
         host.stop_on_this_machine()
-
-
-def settle(job: Job, timeout_s: float = 60.0) -> Job:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        host.converge("job", job.pk)
-        job.refresh_from_db()
-        if job.is_final:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job.pk} is still {job.state}")
 
 
 def log_of(job: Job) -> str:

@@ -69,18 +69,6 @@ class LocalPortal:
         return self.capture(execute=True) if self.capture is not None else contextlib.nullcontext()
 
 
-def settle(job: Job, timeout_s: float = 60.0) -> Job:
-    """Reconcile the job until it has ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        host.converge("job", job.pk)
-        job.refresh_from_db()
-        if job.state in (Job.State.SUCCEEDED, Job.State.FAILED):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job.pk} is {job.state}: {job.failure_reason}")
-
-
 def wait_for_content(path: Path, timeout_s: float = 30.0) -> str:
     """What a running job wrote to ``path``, once it has written something."""
     deadline = time.monotonic() + timeout_s

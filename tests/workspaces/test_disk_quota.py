@@ -19,6 +19,7 @@ from apps.jobs.models import Job
 from apps.workspaces import disks
 from apps.workspaces.models import Workspace, WorkspaceDisk
 from tests.ci_skips import in_ci
+from tests.converge import settle
 from tests.personas import World
 from tests.workspaces.local_jobs import (
     GIB,
@@ -26,7 +27,6 @@ from tests.workspaces.local_jobs import (
     fill_command,
     local_portal,
     log_of,
-    settle,
     wait_for_content,
     wrote,
 )
