@@ -40,7 +40,7 @@ echo "== tests"
 "$PY" -m pytest -n 2 --ignore=tests/browser -m "not pressure" "$@"
 
 echo "== attack tests (each times another tenant's API while a workload attacks: nothing else runs meanwhile)"
-"$PY" -m pytest -m pressure tests/security "$@" || [ $? -eq 5 ]  # 5: an argument selected none of them
+"$PY" -m pytest -s -m pressure tests/security "$@" || [ $? -eq 5 ]  # 5: an argument selected none of them
 
 echo "== browser tests (Chromium against live portals; two test processes of their own)"
 "$PY" -m pytest -n 2 tests/browser
