@@ -431,28 +431,21 @@ def record_instance_deleted(instance: Instance) -> None:
 
 def record_notebook_starting(notebook: Notebook) -> None:
     if notebook.state != Notebook.State.STARTING:
-        notebook.state = Notebook.State.STARTING
-        notebook.save(update_fields=["state"])
-        notify(
-            notebook.workspace_id,
-            "notebook",
-            {"id": notebook.pk, "state": notebook.state},
-            instance_id=notebook.instance_id,
-        )
+        _mark_starting(notebook)
 
 
 def record_notebook_lost(notebook: Notebook) -> None:
     """Its server's processes were found gone (the host starts it again next): it is starting, and
     the codes issued for the server that died are void. Its route is removed by the caller."""
     _drop_unredeemed_codes(notebook)
+    _mark_starting(notebook)
+
+
+def _mark_starting(notebook: Notebook) -> None:
     notebook.state = Notebook.State.STARTING
     notebook.save(update_fields=["state"])
-    notify(
-        notebook.workspace_id,
-        "notebook",
-        {"id": notebook.pk, "state": notebook.state},
-        instance_id=notebook.instance_id,
-    )
+    state = {"id": notebook.pk, "state": notebook.state}
+    notify(notebook.workspace_id, "notebook", state, instance_id=notebook.instance_id)
 
 
 def record_notebook_ready(notebook: Notebook, *, target: str) -> None:

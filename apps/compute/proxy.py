@@ -80,11 +80,14 @@ def routes() -> dict[str, dict[str, Any]]:
 def target_answers(target: str) -> bool:
     """Whether a notebook server answers at ``target`` (a route's target): its ``/api``, which
     needs no sign-in and tells nothing but the server's version. A server that exited answers
-    nothing (its socket refuses), so no sign-in code is issued for it."""
+    nothing (its socket refuses, or is gone), so no sign-in code is issued for it. One that is slow
+    to answer (a busy machine) is alive: it is given the benefit of the doubt, not a 503."""
     if not target:
         return False
     try:
         status, _ = http_get(target.rstrip("/") + "/api", timeout=ANSWER_TIMEOUT_S)
+    except TimeoutError:
+        return True
     except OSError:
         return False
     return status == 200
