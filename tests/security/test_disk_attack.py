@@ -113,7 +113,8 @@ def test_a_job_filling_the_disk_as_fast_as_it_can_stops_at_its_quota(
     bystander = Bystander(live_server.url, "/api/v1/jobs/?workspace=team-b", api_token(world.charlie))
     idle = bystander.measure()
 
-    job = portal.submit(team_a, world.alice, attack_command(2 * GIB, 2 * GIB))
+    # Each writer's share (2 GiB) is past the whole quota alone: none can finish before the disk is full.
+    job = portal.submit(team_a, world.alice, attack_command(8 * GIB, 2 * GIB))
     assert job.state == Job.State.RUNNING, job.failure_reason
     attacked = measured_during(job, bystander)
     job = settle(job, timeout_s=120)
