@@ -46,7 +46,7 @@ def look(
                 seen[name, width] = (
                     response.status if response else 0,
                     page.evaluate(STYLED),
-                    page.evaluate(FITS),
+                    _fits(page),
                     page.evaluate(STACKED),
                 )
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -54,6 +54,16 @@ def look(
             context.close()
         browser.close()
     return seen
+
+
+def _fits(page: Any, tries: int = 10) -> bool:
+    """Whether the page fits its width; asked again for a few seconds, as charts redraw for a new
+    width a moment later (longer on a busy machine)."""
+    for _ in range(tries - 1):
+        if page.evaluate(FITS):
+            return True
+        page.wait_for_timeout(500)
+    return bool(page.evaluate(FITS))
 
 
 def look_at(
