@@ -9,7 +9,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,7 @@ from workers.backends.local import LocalBackend
 from workers.backends.sandbox import device_nodes
 
 
-@pytest.fixture
-def started() -> Iterator[list[LocalBackend]]:
-    backends: list[LocalBackend] = []
-    yield backends
-    for backend in backends:
-        if backend.get_state():
-            backend.stop(grace_s=0)
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+def wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while not (result := check()):
         assert time.monotonic() < deadline, "condition not met in time"

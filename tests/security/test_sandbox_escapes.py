@@ -17,14 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyseccomp  # type: ignore[import-untyped]
 import pytest
 
+from tests.security.test_sandbox import finished, wait_for
 from workers.backends import BackendError, JobSpec, sandbox
 from workers.backends.base import Keep, RunAs
 from workers.backends.local import LocalBackend
@@ -96,28 +95,6 @@ REFUSED = {
 
 def outcomes(log: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in log.strip().splitlines())
-
-
-@pytest.fixture
-def started() -> Iterator[list[LocalBackend]]:
-    backends: list[LocalBackend] = []
-    yield backends
-    for backend in backends:
-        if backend.get_state():
-            backend.stop(grace_s=0)
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (result := check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-    return result
-
-
-def finished(backend: LocalBackend) -> str:
-    wait_for(lambda: not backend.poll().running)
-    return backend.logs(0)[0].decode()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a portal that runs as root: its workloads run as their accounts")
