@@ -171,11 +171,60 @@ class NotebookSpec:
     disk: DiskQuota | None = None
 
 
+@dataclass
+class NodeGroup:
+    """One role of a framework cluster (its head, its workers): ``replicas`` alike nodes, each with
+    ``gpus`` GPUs of ``gpu_type`` (``devices[r]``: the GPU indices node ``r`` may use, where the
+    backend places them itself: local), ``cpu_cores`` and ``memory_gb``."""
+
+    role: str
+    replicas: int = 1
+    gpu_type: str = ""
+    gpus: float = 0.0
+    cpu_cores: float = 1.0
+    memory_gb: float = 1.0
+    devices: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class RayClusterSpec:
+    """A Ray cluster: a head and ``workers.replicas`` worker nodes, run together as one gang.
+
+    ``auth_token`` is the cluster's own Ray token (``RAY_AUTH_MODE=token``): a secret, reaching the
+    cluster's nodes through their environment only. ``entrypoint``: a shell command run as the
+    cluster's Ray job once every node joined (a fire-and-forget Ray job: the cluster ends with it,
+    with its exit code); empty: the cluster runs until it is stopped. ``image`` is the container
+    image on Kubernetes; ``env``, ``run_as``, ``portal_env``, ``writable_dir`` and ``disk`` as for a
+    job; ``artifact_paths`` as for a job, relative to the cluster's directory.
+    """
+
+    key: str
+    workspace: str
+    name: str
+    work_dir: str
+    auth_token: str
+    head: NodeGroup = field(default_factory=lambda: NodeGroup("head"))
+    workers: NodeGroup = field(default_factory=lambda: NodeGroup("worker", replicas=0))
+    entrypoint: str = ""
+    image: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    artifact_paths: list[str] = field(default_factory=list)
+    max_runtime_s: float | None = None
+    run_as: RunAs | None = None
+    portal_env: dict[str, str] = field(default_factory=dict)
+    writable_dir: str = ""
+    disk: DiskQuota | None = None
+
+    @property
+    def groups(self) -> tuple[NodeGroup, NodeGroup]:
+        return (self.head, self.workers)
+
+
 #: The variable of ``portal_env`` that is a credential: it reaches a workload through its
 #: environment only (never a command line, a manifest's plain value or a log).
 PORTAL_ENV_SECRET = "GPUPORTAL_TOKEN"
 
-Spec = JobSpec | InstanceSpec | NotebookSpec
+Spec = JobSpec | InstanceSpec | NotebookSpec | RayClusterSpec
 
 
 @dataclass(frozen=True)
@@ -317,8 +366,9 @@ class Backend(ABC):
     transient ones may be retried, permanent ones fail the workload. Any other exception is a bug.
 
     **What to override.** The abstract hooks (``poll``, ``stop``, the state, ``logs``, ``progress``)
-    always; ``start_job``, ``start_instance`` and ``start_notebook`` for the kinds of workload the
-    backend runs (``start()`` dispatches to them); the others where their default does not fit:
+    always; ``start_job``, ``start_instance``, ``start_notebook`` and ``start_ray_cluster`` for the
+    kinds of workload the backend runs (``start()`` dispatches to them; it refuses a spec it does
+    not know); the others where their default does not fit:
     ``artifacts()`` (none), ``kubeconfig()`` (none), ``discover()`` and ``nodes()`` (no inventory),
     ``sweep_orphans()`` (nothing to sweep), ``adopt()`` (finds nothing). Hooks must be idempotent
     where the caller may repeat them: ``stop()`` on a stopped workload and ``poll()`` after the exit
@@ -341,11 +391,15 @@ class Backend(ABC):
         a spec the user must fix, ``BackendError`` otherwise; on either, nothing of the workload is
         left running.
         """
+        if isinstance(spec, JobSpec):
+            return self.start_job(spec)
         if isinstance(spec, InstanceSpec):
             return self.start_instance(spec)
         if isinstance(spec, NotebookSpec):
             return self.start_notebook(spec)
-        return self.start_job(spec)
+        if isinstance(spec, RayClusterSpec):
+            return self.start_ray_cluster(spec)
+        raise BackendError(f"no backend starts a {type(spec).__name__}", permanent=True)
 
     def adopt(self, spec: Spec) -> Endpoint | None:
         """Take over a start of ``spec`` that a worker made and never recorded, instead of starting it again.
@@ -383,6 +437,12 @@ class Backend(ABC):
         the URL the portal's proxy sends its requests to. Default: ``BackendError(permanent=True)``,
         this backend runs no notebooks."""
         raise self._cannot_run("notebooks")
+
+    def start_ray_cluster(self, spec: RayClusterSpec) -> Endpoint:
+        """Start a Ray cluster's head and workers as one gang; return once every node joined, with
+        ``url`` the address the portal's proxy sends the cluster's dashboard and Jobs API requests
+        to. Default: ``BackendError(permanent=True)``, this backend runs no Ray clusters."""
+        raise self._cannot_run("Ray clusters")
 
     def _cannot_run(self, what: str) -> BackendError:
         return BackendError(f"the {self.name or type(self).__name__} backend cannot run {what}", permanent=True)

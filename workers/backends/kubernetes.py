@@ -1,13 +1,15 @@
-"""The Kubernetes backend: instances as namespaces or vclusters, notebooks as StatefulSets, jobs as indexed Jobs.
+"""The Kubernetes backend: instances as namespaces or vclusters, notebooks as StatefulSets, jobs as indexed Jobs,
+Ray clusters as KubeRay RayClusters (or RayJobs, for an entrypoint).
 
-Every object comes from the pure builders of ``kubernetes_objects`` and goes to the API server through the
-official ``kubernetes`` client, one typed call per object (``create_namespaced_job`` and so on). Responses
+Every object comes from the pure builders of ``kubernetes_objects`` (``kuberay_objects`` for Ray) and goes to the
+API server through the official ``kubernetes`` client, one typed call per object (``create_namespaced_job`` and
+so on; KubeRay's through ``CustomObjectsApi``). Responses
 are read as the API server's own JSON (``_preload_content=False``), never through the client's models.
 
 Idempotence. A create answered 409 (AlreadyExists) reads the object and goes on: it is refused if it is not
 the portal's or belongs to another workspace, it is a transient error while it is being deleted, and it is
 merge-patched to the manifest (Jobs excepted: their template is immutable, and the patch would suspend a
-released gang again). A delete answered 404 is done.
+released gang again; RayJobs too: KubeRay runs a RayJob once). A delete answered 404 is done.
 
 Errors. A 403 for an exceeded quota is a ``PolicyRefusal`` with the API server's message; a request the
 builders cannot express (a fraction of a GPU without a shared-GPU resource) is one too. Other 4xx answers
@@ -16,7 +18,8 @@ connection errors are transient.
 
 Isolation: every namespace enforces Pod Security "restricted", every pod passes it and mounts no
 service-account token unless its spec sets ``service_account_token``, and every namespace admits traffic from
-its own pods only (notebooks also from the ingress controller's namespace); see docs/kubernetes.md.
+its own pods only (notebooks also from the ingress controller's namespace; a Ray cluster's pods only from that
+cluster's, its dashboard also from the ingress controller's namespace); see docs/kubernetes.md.
 
 Configuration: an explicit ``api_client`` or ``host`` (tests), else the pod's service account (in-cluster),
 else a kubeconfig (``kubeconfig`` path and ``context``, or the client's defaults).
@@ -41,6 +44,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.utils import parse_quantity
 
+from workers.backends import kuberay_objects as kro
 from workers.backends import kubernetes_objects as ko
 from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import (
@@ -54,10 +58,12 @@ from workers.backends.base import (
     GpuInfo,
     InstanceSpec,
     JobSpec,
+    NodeGroup,
     NodeInfo,
     NotebookSpec,
     PolicyRefusal,
     Progress,
+    RayClusterSpec,
     Spec,
     Status,
     last_progress,
@@ -88,12 +94,18 @@ _RESOURCES: dict[str, tuple[type[Any], str]] = {
     "StatefulSet": (client.AppsV1Api, "namespaced_stateful_set"),
     "Job": (client.BatchV1Api, "namespaced_job"),
 }
+# KubeRay's custom resources: kind -> (group, version, plural), called through the client's CustomObjectsApi.
+_CUSTOM: dict[str, tuple[str, str, str]] = {
+    "RayCluster": (kro.RAY_API_GROUP, kro.RAY_API_VERSION, kro.RAY_CLUSTER_PLURAL),
+    "RayJob": (kro.RAY_API_GROUP, kro.RAY_API_VERSION, kro.RAY_JOB_PLURAL),
+}
+_CUSTOM_VERBS = {"create": "create", "read": "get", "patch": "patch", "delete": "delete", "list": "list"}
 # The client's configuration loaders and its quantity parser carry no annotations.
 _load_incluster_config: Callable[..., None] = config.load_incluster_config
 _load_kube_config: Callable[..., None] = config.load_kube_config
 _parse_quantity: Callable[[Any], Decimal] = parse_quantity
 # Deleting these waits for their pods (Foreground); the rest go at once, their dependents after (Background).
-_FOREGROUND = frozenset({"Job", "StatefulSet"})
+_FOREGROUND = frozenset({"Job", "StatefulSet", "RayCluster", "RayJob"})
 _BACKEND_OPTIONS = (
     "host",
     "kubeconfig",
@@ -102,6 +114,8 @@ _BACKEND_OPTIONS = (
     "vcluster_server_url",
     "default_job_image",
     "default_notebook_image",
+    "default_ray_image",
+    "kuberay_operator_namespace",
     "start_timeout_s",
     "stop_timeout_s",
     "request_timeout_s",
@@ -180,6 +194,8 @@ class KubernetesBackend(Backend):
         vcluster_server_url: str = "https://{release}.{namespace}.svc",
         default_job_image: str = "python:3.12-slim",
         default_notebook_image: str = "quay.io/jupyter/minimal-notebook:latest",
+        default_ray_image: str = kro.DEFAULT_RAY_IMAGE,
+        kuberay_operator_namespace: str = kro.DEFAULT_OPERATOR_NAMESPACE,
         start_timeout_s: float = 300.0,
         stop_timeout_s: float = 120.0,
         request_timeout_s: float = 30.0,
@@ -193,6 +209,8 @@ class KubernetesBackend(Backend):
         self.vcluster_server_url = vcluster_server_url
         self.default_job_image = default_job_image
         self.default_notebook_image = default_notebook_image
+        self.default_ray_image = default_ray_image
+        self.kuberay_operator_namespace = kuberay_operator_namespace
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -223,6 +241,11 @@ class KubernetesBackend(Backend):
         except ko.InvalidSettings as exc:
             raise BackendError(f"connection settings: {exc}", permanent=True) from exc
         options = {k: v for k, v in connection.items() if k in _BACKEND_OPTIONS}
+        operator_namespace = options.get("kuberay_operator_namespace", kro.DEFAULT_OPERATOR_NAMESPACE)
+        if not isinstance(operator_namespace, str) or not re.match(
+            r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", operator_namespace
+        ):
+            raise BackendError("connection setting kuberay_operator_namespace must be a namespace name", permanent=True)
         for key in ("start_timeout_s", "stop_timeout_s", "request_timeout_s"):
             if key in options and (not isinstance(options[key], int | float) or options[key] <= 0):
                 raise BackendError(f"connection setting {key} must be a positive number", permanent=True)
@@ -259,7 +282,21 @@ class KubernetesBackend(Backend):
         return configuration
 
     def _call(self, kind: str, verb: str, *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> bytes | None:
-        """Call ``<verb>_<kind's suffix>`` (``create_namespaced_job``...); see ``_invoke``."""
+        """Call ``<verb>_<kind's suffix>`` (``create_namespaced_job``...); see ``_invoke``. A KubeRay kind goes
+        through ``<verb>_namespaced_custom_object`` with the same arguments as a namespaced kind's
+        (``create(namespace, body)``, ``read/delete(name, namespace)``, ``patch(name, namespace, body)``,
+        ``list(namespace)``)."""
+        if kind in _CUSTOM:
+            group, version, plural = _CUSTOM[kind]
+            if verb in ("create", "list"):
+                namespace, *rest = args
+            else:
+                name, namespace, *rest = args
+                rest = [name, *rest]
+            method = f"{_CUSTOM_VERBS[verb]}_namespaced_custom_object"
+            return self._invoke(
+                client.CustomObjectsApi, method, group, version, namespace, plural, *rest, ok=ok, **kwargs
+            )
         api_class, suffix = _RESOURCES[kind]
         return self._invoke(api_class, f"{verb}_{suffix}", *args, ok=ok, **kwargs)
 
@@ -311,7 +348,7 @@ class KubernetesBackend(Backend):
     def _create(self, manifest: ko.Manifest) -> dict[str, Any]:
         """Create the object; if it exists already, check it is ours and converge it (see the module docstring)."""
         kind, ref = manifest["kind"], _ref(manifest)
-        model = getattr(client, f"V1{kind}").from_dict(manifest)
+        model = manifest if kind in _CUSTOM else getattr(client, f"V1{kind}").from_dict(manifest)
         args = [ref["namespace"], model] if ref["namespace"] else [model]
         created = self._json_call(kind, "create", *args, ok=(409,))
         if created is not None:
@@ -327,7 +364,7 @@ class KubernetesBackend(Backend):
             raise BackendError(f"{kind} {ref['name']} exists and is not this workspace's", permanent=True)
         if existing.get("metadata", {}).get("deletionTimestamp"):
             raise BackendError(f"{kind} {ref['name']} is still being deleted; try again", permanent=False)
-        if kind == "Job":
+        if kind in ("Job", "RayJob"):
             return existing
         patched = self._json_call(kind, "patch", *self._scope(ref), manifest, _content_type=MERGE_PATCH)
         return dict(patched)
@@ -368,7 +405,7 @@ class KubernetesBackend(Backend):
         """Reattach to a workload's objects by their names."""
         if state and (
             state.get("version") != STATE_VERSION
-            or state.get("kind") not in ("job", "notebook", "instance")
+            or state.get("kind") not in ("job", "notebook", "instance", "ray")
             or not isinstance(state.get("namespace"), str)
         ):
             raise BackendError(
@@ -487,6 +524,66 @@ class KubernetesBackend(Backend):
         stateful_set = self._read(self._object("StatefulSet"))
         return stateful_set is not None and int(stateful_set.get("status", {}).get("readyReplicas") or 0) >= 1
 
+    def start_ray_cluster(self, spec: RayClusterSpec) -> Endpoint:
+        """A KubeRay RayCluster, or a RayJob for an entrypoint, in the workspace's Ray namespace (see
+        ``kuberay_objects``); returns once KubeRay reports the cluster ``ready`` with every worker (a RayJob: or
+        its job already running or over), with ``url`` the head's dashboard and Jobs API,
+        ``http://ray-<name>-head-svc.<namespace>.svc:8265``. A RayJob of an earlier run under the name, already
+        over, is deleted first (the start is retried)."""
+        if not spec.auth_token:
+            raise BackendError("a Ray cluster needs its auth token", permanent=True)
+        owner = kro.ray_owner(spec.workspace, self.settings)
+        ray = self._ray_spec(spec)
+        namespace_manifests = kro.ray_namespace_objects(spec.workspace, self.settings)
+        manifests = kro.ray_objects(owner, ray, self.settings)
+        # The Ray namespace is the workspace's, shared by its clusters: it is not deleted with this one.
+        self._begin(spec, "ray", ko.namespace_name(owner, self.settings), manifests, ray_kind=ray.kind)
+        self._state.update(ray=ray.name, workers=ray.workers)
+        for manifest in namespace_manifests:
+            self._create(manifest)
+        for manifest in manifests:
+            existing = self._create(manifest)
+            if manifest["kind"] == "RayJob" and not self._state.get("created") and kro.job_ended(existing):
+                # A RayJob of an earlier attempt under this name: it goes, and the start is retried.
+                self._delete(self._object("RayJob"))
+                raise BackendError(
+                    f"RayJob {manifest['metadata']['name']} of an earlier run is being deleted; try again",
+                    permanent=False,
+                )
+        self._state["created"] = True
+        namespace = self._state["namespace"]
+        url = kro.dashboard_url(ray.name, namespace)
+        self._state["endpoint"] = {"host": urlsplit(url).hostname, "port": kro.DASHBOARD_PORT, "url": url}
+        self._wait_started(self._ray_started, "the Ray cluster")
+        return self._endpoint()
+
+    def _ray_spec(self, spec: RayClusterSpec) -> kro.RaySpec:
+        def size(group: NodeGroup) -> ko.Size:
+            return ko.Size(group.cpu_cores, group.memory_gb, Decimal(str(group.gpus)), group.gpu_type)
+
+        return kro.RaySpec(
+            name=_workload_name(spec.key),
+            image=spec.image or self.default_ray_image,
+            head=size(spec.head),
+            worker=size(spec.workers),
+            workers=spec.workers.replicas,
+            auth_token=spec.auth_token,
+            entrypoint=spec.entrypoint,
+            env=spec.env,
+            portal_env=spec.portal_env,
+            max_runtime_s=math.ceil(spec.max_runtime_s) if spec.max_runtime_s else None,
+            operator_namespace=self.kuberay_operator_namespace,
+        )
+
+    def _ray_started(self) -> bool:
+        kind = self._state["ray_kind"]
+        obj = self._read(self._object(kind))
+        if obj is None:
+            return True  # poll() tells what became of it
+        if kind == "RayJob":
+            return kro.job_started(obj, int(self._state["workers"]))
+        return kro.cluster_ready(obj.get("status"), int(self._state["workers"]))
+
     def submit(self, spec: JobSpec) -> None:
         """Create a job's objects with its Job suspended: no pod exists until ``start()`` releases it.
 
@@ -575,7 +672,9 @@ class KubernetesBackend(Backend):
         ``TIMEOUT_EXIT_CODE`` for ``DeadlineExceeded``; a Job gone before it was seen ending →
         ``UNKNOWN_EXIT_CODE``. Once ended, the job's headless Service is deleted (its Job stays, with the
         logs, until its TTL). A notebook or an instance runs while its StatefulSet or Namespace exists (and
-        a vcluster's installer has not failed).
+        a vcluster's installer has not failed). A Ray cluster runs while its RayCluster exists; a RayJob ends
+        as ``kuberay_objects.job_outcome`` says, and then its Secret and policies are deleted (the RayJob stays,
+        with its submitter's log).
         """
         if not self._state:
             raise BackendError("nothing was started on this backend", permanent=True)
@@ -583,11 +682,21 @@ class KubernetesBackend(Backend):
         if final:
             return Status("exited", final["exit_code"], final["message"])
         kind = self._state["kind"]
-        pollers = {"job": self._poll_job, "notebook": self._poll_notebook, "instance": self._poll_instance}
+        pollers = {
+            "job": self._poll_job,
+            "notebook": self._poll_notebook,
+            "instance": self._poll_instance,
+            "ray": self._poll_ray,
+        }
         status = pollers[kind]()
         if not status.running:
             if kind == "job":
                 self._delete(self._object("Service"))
+            if kind == "ray":
+                # What the cluster's pods needed; the RayJob stays, with its submitter's log (the job's output).
+                for ref in self._state["objects"]:
+                    if ref["kind"] in ("Secret", "NetworkPolicy"):
+                        self._delete(ref)
             self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
         return status
 
@@ -638,6 +747,23 @@ class KubernetesBackend(Backend):
         ready = int(stateful_set.get("status", {}).get("readyReplicas") or 0)
         return Status("running", message="ready" if ready else "not ready")
 
+    def _poll_ray(self) -> Status:
+        kind = self._state["ray_kind"]
+        obj = self._read(self._object(kind))
+        if obj is None:
+            return Status("exited", UNKNOWN_EXIT_CODE, f"the {kind} was deleted before its end was seen")
+        if kind == "RayJob":
+            outcome = kro.job_outcome(obj)
+            if outcome is not None:
+                return Status("exited", outcome[0], outcome[1])
+            cluster = (obj.get("status") or {}).get("rayClusterStatus")
+        else:
+            cluster = obj.get("status") or {}
+            if cluster.get("state") == "failed":  # deprecated: older operators set it, v1.7.0 no longer does
+                return Status("exited", UNKNOWN_EXIT_CODE, f"the RayCluster failed: {cluster.get('reason') or ''}")
+        ready = kro.cluster_ready(cluster, int(self._state["workers"]))
+        return Status("running", message="ready" if ready else "not ready")
+
     def _poll_instance(self) -> Status:
         namespace = self._read(self._object("Namespace"))
         if namespace is None or namespace.get("status", {}).get("phase") == "Terminating":
@@ -660,17 +786,24 @@ class KubernetesBackend(Backend):
             return
         self._state["stopped"] = True
         self._delete_all(self._state["objects"])
-        code = STOPPED_EXIT_CODE if self._state["kind"] == "job" else 0
+        # A job, or a Ray cluster running its entrypoint, was cut short; an instance, notebook or Ray cluster ends so.
+        cut_short = self._state["kind"] == "job" or self._state.get("ray_kind") == "RayJob"
+        code = STOPPED_EXIT_CODE if cut_short else 0
         self._state["final"] = {"exit_code": code, "message": "stopped on request", "ended_at": time.time()}
 
     # -- logs, artifacts, progress, kubeconfig, inventory --------------------------------------
 
     def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
         """Up to 1 MiB of a replica's pod log from ``offset`` (a job's pod of that completion index, the
-        notebook's pod); ``(b"", offset)`` while there is no pod or no log yet, or once the pod is gone.
-        An instance has no log of its own."""
+        notebook's pod; a Ray cluster's replica 0 is its RayJob's submitter, whose log is the Ray job's output, or
+        its head, replicas 1.. its workers); ``(b"", offset)`` while there is no pod or no log yet, or once the
+        pod is gone. An instance has no log of its own."""
         kind = self._state.get("kind")
-        replicas = int(self._state.get("replicas", 1)) if kind in ("job", "notebook") else 0
+        replicas = {
+            "job": int(self._state.get("replicas", 1)),
+            "notebook": 1,
+            "ray": 1 + int(self._state.get("workers", 0)),
+        }.get(str(kind), 0)
         if not 0 <= replica < replicas:
             raise BackendError(f"no replica {replica}", permanent=True)
         pod_container = self._pod(replica)
@@ -692,12 +825,33 @@ class KubernetesBackend(Backend):
     def _pod(self, replica: int) -> tuple[str, str] | None:
         if self._state["kind"] == "notebook":
             return f"{self._state['stateful_set']}-0", "notebook"
+        if self._state["kind"] == "ray":
+            return self._ray_pod(replica)
         pods = self._job_pods(replica)
         return (str(pods[-1]["metadata"]["name"]), "main") if pods else None
 
+    def _ray_pod(self, replica: int) -> tuple[str, str] | None:
+        """(pod, container) of a Ray cluster's replica, found by the role label of its pod template."""
+        if replica == 0 and self._state.get("ray_kind") == "RayJob":
+            role, container = "submitter", kro.SUBMITTER_CONTAINER
+        elif replica == 0:
+            role, container = "head", kro.HEAD_CONTAINER
+        else:
+            role, container = "worker", kro.WORKER_CONTAINER
+        labels = kro.cluster_labels(kro.ray_owner(self._state["workspace"], self.settings), self._state["ray"], role)
+        pods = self._list("Pod", self._state["namespace"], labels)
+        if role == "submitter":  # the latest attempt's
+            pods.sort(key=lambda p: str(p.get("metadata", {}).get("creationTimestamp") or ""))
+            pods = pods[-1:]
+        else:
+            pods.sort(key=lambda p: str(p.get("metadata", {}).get("name")))
+            pods = pods[replica - 1 : replica] if role == "worker" else pods[:1]
+        return (str(pods[0]["metadata"]["name"]), container) if pods else None
+
     def progress(self) -> Progress | None:
-        """The last ``PROGRESS <fraction>`` in the last lines of replica 0's log, clamped to 0..1."""
-        if self._state.get("kind") != "job":
+        """The last ``PROGRESS <fraction>`` in the last lines of replica 0's log, clamped to 0..1 (a job's, a
+        Ray cluster's entrypoint's)."""
+        if self._state.get("kind") != "job" and self._state.get("ray_kind") != "RayJob":
             return None
         pod_container = self._pod(0)
         if pod_container is None:

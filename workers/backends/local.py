@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.backends import cgroups, diskquota, logcap
+from workers.backends import cgroups, diskquota, logcap, raycluster
 from workers.backends.base import (
     STATE_VERSION,
     TIMEOUT_EXIT_CODE,
@@ -46,13 +46,15 @@ from workers.backends.base import (
     JobSpec,
     Keep,
     NotebookSpec,
+    RayClusterSpec,
     Spec,
     Status,
     validate_spec,
 )
-from workers.backends.files import FileOutputs, dirs_between, prepare_dir, read_log
+from workers.backends.files import FileOutputs, check_reachable, dirs_between, prepare_dir, read_log
 from workers.backends.processes import (
     IDENTITY_MODULES,
+    http_get,
     instance_job,
     kind_and_job,
     notebook_job,
@@ -133,6 +135,12 @@ class LocalBackend(FileOutputs):
     ``pids_max`` processes by a cgroup under ``cgroup_root``, v2 or v1: workers/backends/cgroups.py;
     a start fails, saying why, where they cannot be applied) or ``"off"`` (the explicit opt-out of a
     single-user workstation). An instance's notebooks share its limits: they run in its group.
+
+    Ray clusters (``start_ray_cluster()``, workers/backends/raycluster.py) run on ``ray_env``, the
+    Python environment holding ``ray`` (default: the portal's own, where requirements.txt pins it),
+    and need the sandbox: their nodes' ports live in the sandbox's own network. A start waits up to
+    ``ray_start_timeout_s`` for every node to join. ``ray_status()`` and ``ray_nodes()`` read how
+    the cluster and its nodes are doing.
     """
 
     name = "local"
@@ -152,6 +160,8 @@ class LocalBackend(FileOutputs):
         log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
         resource_limits: str = "cgroup",
         pids_max: int = cgroups.DEFAULT_PIDS_MAX,
+        ray_env: str = "",
+        ray_start_timeout_s: float = 180.0,
     ) -> None:
         if sandbox not in SANDBOX_MODES:
             modes = ", ".join(SANDBOX_MODES)
@@ -174,6 +184,8 @@ class LocalBackend(FileOutputs):
         self.notebook_start_timeout_s = notebook_start_timeout_s
         self.owner = owner
         self.log_max_bytes = log_max_bytes
+        self.ray_env = ray_env or sys.prefix
+        self.ray_start_timeout_s = ray_start_timeout_s
         self._state: dict[str, Any] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -302,9 +314,82 @@ class LocalBackend(FileOutputs):
         self._launch(server, env, read_only=(str(IDENTITY_MODULES),), kind="notebook")
         return self._notebook_answering(spec.base_url)
 
+    def start_ray_cluster(self, spec: RayClusterSpec) -> Endpoint:
+        """A Ray cluster: its head and workers run by one pod (workers/raypod.py) as a one-replica
+        job, in a sandbox with the nodes' GPUs, CPUs and memory and a network of its own (see
+        workers/backends/raycluster.py). Returns once every node joined and the dashboard answers,
+        with the URL of the pod's Unix socket (``http+unix://``), the one way into the cluster: its
+        dashboard and Jobs API, which want ``Authorization: Bearer <spec.auth_token>``.
+        ``BackendError(permanent=True)`` where the sandbox is off or there is no Ray environment;
+        transient where the cluster did not come up in time (it is stopped first)."""
+        if self._state and self._state.get("key") == spec.key and self._alive_ranks():
+            return self._endpoint()
+        if self.sandbox == "off":
+            raise BackendError(
+                "Ray clusters run only sandboxed: their nodes' ports live in the sandbox's own network, out "
+                "of other workloads' reach (PORTAL_SANDBOX=off runs none)",
+                permanent=True,
+            )
+        environment = Path(os.path.abspath(self.ray_env))
+        raycluster.check_environment(environment)
+        if spec.run_as is not None and os.geteuid() == 0:
+            check_reachable(environment, "the Ray environment")
+            check_reachable(raycluster.RAYPOD, "the Ray pod")
+        job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
+        sock = server_socket(self.run_dir, job_dir).with_name(raycluster.SOCKET_NAME)
+        timeout_s = raycluster.ready_timeout(spec, self.ray_start_timeout_s)
+        job = raycluster.ray_job(spec, environment, sock, start_timeout_s=timeout_s)
+        prepare_socket_dir(sock, spec.run_as)
+        self._launch(job, environment, read_only=(str(raycluster.RAYPOD),), kind="ray")
+        return self._ray_joined(spec)
+
+    def _ray_joined(self, spec: RayClusterSpec) -> Endpoint:
+        """The cluster's endpoint once its pod says every node joined and the dashboard answers
+        through the socket with the token (or the cluster, having been ready, already ended: an
+        entrypoint this quick); stopped, and ``BackendError``, if not."""
+        endpoint = self._endpoint()
+        timeout_s = raycluster.ready_timeout(spec, self.ray_start_timeout_s)
+        deadline = time.monotonic() + timeout_s
+        version = f"{endpoint.url}/api/version"
+        while True:
+            ready, alive = bool(self.ray_status().get("ready_at")), bool(self._alive_ranks())
+            if ready and (not alive or _answers(version, {"Authorization": f"Bearer {spec.auth_token}"})):
+                return endpoint
+            problem = "" if alive else f"the Ray cluster exited before every node joined: {self._log_tail()}"
+            if not problem and time.monotonic() > deadline:
+                problem = f"not every node of the Ray cluster joined within {timeout_s:g}s: {self._log_tail()}"
+            if problem:
+                self._terminate(grace_s=self.teardown_grace_s, reason="the Ray cluster did not start")
+                self._finish()
+                raise BackendError(problem, permanent=False)
+            time.sleep(0.25)
+
+    def ray_status(self) -> dict[str, Any]:
+        """The Ray cluster's status, as its pod last wrote it (``{}`` before it did, or for another
+        kind of workload): ``phase`` (``starting``, ``ready``, ``degraded`` while a worker is being
+        started again, ``failed``, ``stopping``, ``exited``), ``reason``, ``ready_at``, ``exit_code``,
+        ``entrypoint`` (its Ray job's ``submission_id``, ``status``, ``exit_code``) and ``nodes``
+        (see ``ray_nodes()``). The workload's own word, for showing: ``poll()`` rests on processes."""
+        if self._state.get("kind") != "ray":
+            return {}
+        return raycluster.read_status(Path(self._state["workspace_dir"]), Path(self._state["job_dir"]))
+
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        """Each node of the Ray cluster: ``name`` (``head``, ``worker-<i>``: also its custom
+        resource, to pin work to it), ``role``, ``index``, ``pid`` (in the sandbox), ``alive``,
+        ``joined``, ``node_id``, ``restarts``, ``exit_code`` (of its last run), ``devices``,
+        ``num_gpus``, ``num_cpus``, ``memory_bytes``. ``[]`` before the pod wrote its status."""
+        nodes = self.ray_status().get("nodes", [])
+        return [node for node in nodes if isinstance(node, dict)]
+
+    def _log_tail(self) -> str:
+        return _tail(self._state["replicas"][0]["log"]) if self._state.get("replicas") else ""
+
     def _server_socket(self) -> Path:
-        """The socket of the notebook server this backend holds (``start_notebook()``)."""
-        return server_socket(Path(self._state["run_dir"]).parent, Path(self._state["job_dir"]))
+        """The socket of the notebook server (``start_notebook()``) or the Ray cluster's dashboard
+        (``start_ray_cluster()``) this backend holds."""
+        sock = server_socket(Path(self._state["run_dir"]).parent, Path(self._state["job_dir"]))
+        return sock.with_name(raycluster.SOCKET_NAME) if self._state.get("kind") == "ray" else sock
 
     def _notebook_endpoint(self) -> Endpoint:
         sock = self._server_socket()
@@ -334,7 +419,7 @@ class LocalBackend(FileOutputs):
         that runs is waited for, as ``start()`` does."""
         if self._state:
             raise BackendError("this backend already holds a workload; clear_state() first", permanent=True)
-        kind, job = kind_and_job(spec)
+        kind, job = ("ray", raycluster.find_job(spec)) if isinstance(spec, RayClusterSpec) else kind_and_job(spec)
         validate_spec(job)
         job_dir = Path(os.path.abspath(os.path.join(job.work_dir, job.key)))
         record = _read_record(self._run_dir_path(job_dir))
@@ -351,6 +436,8 @@ class LocalBackend(FileOutputs):
             if self._alive_ranks():
                 return self._notebook_answering(spec.base_url)
             return self._notebook_endpoint()
+        if isinstance(spec, RayClusterSpec) and self._alive_ranks():
+            return self._ray_joined(spec)
         return self._endpoint()
 
     def _workspace_dir(self, spec: JobSpec) -> Path:
@@ -387,8 +474,8 @@ class LocalBackend(FileOutputs):
         return self._sandbox(spec, devices).argv(command, args_fd, seccomp_fd)
 
     def _sandbox(self, spec: JobSpec, devices: list[str]) -> Sandbox:
-        # A notebook's server also writes its socket's directory (``start_notebook()``).
-        sockets = [str(self._server_socket().parent)] if self._state["kind"] == "notebook" else []
+        # A notebook's server, or a Ray cluster's pod, also writes its socket's directory.
+        sockets = [str(self._server_socket().parent)] if self._state["kind"] in ("notebook", "ray") else []
         return Sandbox(
             writable=[self._state["workspace_dir"], *sockets],
             read_only=list(self._read_only),
@@ -396,6 +483,7 @@ class LocalBackend(FileOutputs):
             run_as=spec.run_as,
             cwd=self._state["job_dir"],
             dev_root=self.device_root,
+            private_network=self._state["kind"] == "ray",
         )
 
     def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
@@ -490,6 +578,8 @@ class LocalBackend(FileOutputs):
             os.close(log)
 
     def _endpoint(self) -> Endpoint:
+        if self._state.get("kind") == "ray":
+            return self._notebook_endpoint()  # its dashboard's socket
         return Endpoint(host="127.0.0.1", port=int(self._state["port"]))
 
     # -- poll / stop ---------------------------------------------------------------------------
@@ -552,11 +642,21 @@ class LocalBackend(FileOutputs):
         if code is None:
             codes = [c for _, c, _ in self._recorded_exits()] + self._unrecorded_exit_codes()
             code = next((c for c in codes if c != 0), 0)
-        message = killed.get("reason") or ("exited" if code == 0 else f"exited with code {code}")
+        message = killed.get("reason") or self._ray_failure(code)
+        message = message or ("exited" if code == 0 else f"exited with code {code}")
         message = self._out_of_memory(code, killed) or message
+        if self._state.get("kind") == "ray":  # its processes have ended: their temporary directories go
+            raycluster.remove_temp_dirs(Path(self._state["workspace_dir"]), Path(self._state["job_dir"]))
         self._state["final"] = {"exit_code": code, "message": message, "ended_at": time.time()}
         self._remove_cgroups()
         return Status("exited", code, message)
+
+    def _ray_failure(self, code: int) -> str:
+        """Why a Ray cluster failed, as its pod said ("" for another workload, or one that did not fail)."""
+        status = self.ray_status() if code else {}
+        if status.get("phase") != "failed" or not status.get("reason"):
+            return ""
+        return f"the Ray cluster failed: {str(status['reason'])[:300]}"
 
     def _terminate(self, grace_s: float, reason: str) -> None:
         """SIGTERM all groups, wait up to ``grace_s``, SIGKILL survivors; raise if any remain."""
@@ -892,6 +992,14 @@ def parse_nvidia_smi(out: str) -> list[GpuInfo]:
         if len(parts) == 4 and parts[0].isdigit():
             gpus.append(GpuInfo(index=parts[0], name=parts[1], memory_mb=int(float(parts[2])), uuid=parts[3]))
     return gpus
+
+
+def _answers(url: str, headers: dict[str, str]) -> bool:
+    """Whether ``url`` answers 200 (see ``http_get()``)."""
+    try:
+        return http_get(url, headers=headers, timeout=2)[0] == 200
+    except OSError:
+        return False
 
 
 def _tail(path: str, lines: int = 5) -> str:

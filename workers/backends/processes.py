@@ -176,6 +176,8 @@ def kind_and_job(spec: Spec) -> tuple[str, JobSpec]:
     if isinstance(spec, NotebookSpec):
         server = JobSpec(spec.key, spec.workspace, spec.name, "", spec.work_dir, devices=[spec.devices])
         return "notebook", server
+    if not isinstance(spec, JobSpec):  # a Ray cluster: its backend lowers it to a job itself first
+        raise BackendError(f"no job to find for a {type(spec).__name__}", permanent=True)
     return "job", spec
 
 

@@ -6,6 +6,8 @@ What a sandboxed process sees (see docs/security.md for the threat model):
   Python it runs on), the read-only paths its workload needs (its notebook environment), its workspace's
   directory read-write, a private ``/tmp`` and ``/dev/shm``. Nothing else exists for it: not the
   portal's data directory, database, logs or secret key, not another workspace's directory.
+- **Network**: the machine's, or, where asked (``private_network``), a namespace of its own with
+  only loopback.
 - **Processes**: its own PID namespace (``--unshare-pid``), so no other process on the machine is
   visible or can be signalled; its own IPC and UTS namespaces.
 - **Devices**: a minimal ``/dev`` plus exactly its own GPUs' device nodes (``/dev/nvidia<N>``)
@@ -67,6 +69,9 @@ class Sandbox:
     ``writable`` are bound read-write (the workspace's directory), ``read_only`` read-only (its
     environment, the notebook identity module); ``devices`` are GPU indices; ``run_as`` the
     account to drop to (only when the portal runs as root); ``cwd`` the directory it starts in.
+    ``private_network``: a network namespace of its own with only loopback (``--unshare-net``), so
+    no process outside can reach a port it listens on, and it reaches nothing but itself (a Ray
+    cluster's nodes: workers/backends/raycluster.py); off, it shares the machine's network.
     """
 
     writable: list[str]
@@ -76,6 +81,7 @@ class Sandbox:
     cwd: str = "/"
     bwrap: str = "bwrap"
     dev_root: str = "/dev"
+    private_network: bool = False
 
     def env_args(self, env: dict[str, str]) -> bytes:
         """bubblewrap's options giving the sandbox exactly ``env`` (and nothing of its parent's),
@@ -93,6 +99,8 @@ class Sandbox:
         args = [self.bwrap, *(["--args", str(args_fd)] if args_fd is not None else [])]
         args += ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args.append("--unshare-cgroup-try")
+        if self.private_network:
+            args.append("--unshare-net")  # bubblewrap brings its loopback up
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         if os.geteuid() != 0:

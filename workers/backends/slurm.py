@@ -15,6 +15,10 @@ implies ``--get-user-env``; PATH and HOME are set explicitly by the script.)
 ``MASTER_ADDR`` is the first host of the allocation (a Slurm node name, as ``scontrol show
 hostnames`` prints it) and ``MASTER_PORT`` is derived from the job id (:func:`master_port`).
 
+A Ray cluster is one batch job too, heterogeneous where it has workers (the head's node, then the
+workers' nodes), running the portal's program ``workers/rayslurm.py``: see workers/backends/slurm_ray.py.
+Slurm's commands and the parsing of what they print live in workers/backends/slurm_commands.py.
+
 A job is named after its workload's key and runs in its own directory, so that ``adopt()`` finds the
 job of a start that was never recorded in ``squeue`` and ``sacct``; once a start is recorded (its state
 comes back through ``load_state()``) or given up (``clear_state()``), its job id is written to
@@ -30,17 +34,15 @@ import math
 import os
 import re
 import shlex
+import shutil
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from workers.backends.base import (
     STATE_VERSION,
-    STOPPED_EXIT_CODE,
-    TIMEOUT_EXIT_CODE,
     UNKNOWN_EXIT_CODE,
     BackendError,
     Endpoint,
@@ -51,6 +53,7 @@ from workers.backends.base import (
     NodeInfo,
     NotebookSpec,
     PolicyRefusal,
+    RayClusterSpec,
     RunAs,
     Spec,
     Status,
@@ -66,8 +69,38 @@ from workers.backends.processes import (
     wait_answering,
 )
 from workers.backends.pyenv import ensure_env, ensure_sdk_env
+from workers.backends.slurm_commands import (
+    COMMAND_TIMEOUT_S,
+    LIVE_STATES,
+    as_user,
+    leader_id,
+    master_port,
+    node_gpus,
+    node_info,
+    node_partitions,
+    parse_exit,
+    parse_scontrol_nodes,
+    run_command,
+    slurm_time,
+    user_env,
+)
+from workers.backends.slurm_commands import node_state as node_state  # re-exported: the node states' one reading
+from workers.backends.slurm_ray import (
+    RAY_DIR,
+    SCRIPT_FILE,
+    RayNode,
+    check_ray_spec,
+    ensure_ray_env,
+    install_program,
+    query_ray_nodes,
+    ray_files,
+    ray_job,
+    ray_state,
+    read_ray_file,
+    read_token,
+    sbatch_options,
+)
 
-COMMAND_TIMEOUT_S = 20.0
 #: How far back ``adopt()`` asks sacct for a job of a start that was never recorded.
 ADOPT_WINDOW = "now-30days"
 #: In a job's ``.portal/``: the id of its job that the portal recorded or gave up (``adopt()`` skips it).
@@ -76,180 +109,14 @@ SETTLED_FILE = "settled"
 _KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
 
 
-#: States in which the job (or its teardown) may still have processes.
-LIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "SUSPENDED",
-        "REQUEUED",
-        "REQUEUE_FED",
-        "REQUEUE_HOLD",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "RESV_DEL_HOLD",
-    }
-)
-
-# Slurm's refusals that retrying cannot fix. The first group is about what the user asked for
-# (more GPUs or nodes than exist, a limit of their account): they can change the request.
-_POLICY_ERRORS = (
-    "Requested node configuration is not available",
-    "Node count specification invalid",
-    "Requested time limit is invalid",
-    "Job violates accounting/QOS policy",
-    "Memory required by task is not available",
-    "More processors requested than permitted",
-)
-# ... and the second is about how the backend or cluster is set up: fail the workload.
-_PERMANENT_ERRORS = (
-    "Invalid generic resource",
-    "Invalid partition name",
-    "Invalid account",
-    "Invalid qos",
-    "Unable to open file",
-    "unrecognized option",
-    "invalid option",
-)
-
-
-def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None) -> str:
-    """Run ``argv`` (no shell) and return its stdout; ``env`` replaces the worker's environment.
-
-    A timeout or a non-zero exit raises ``BackendError`` (transient), except when the error text
-    is a refusal that retrying cannot change: ``PolicyRefusal`` for a request the user can fix,
-    ``BackendError(permanent=True)`` for a configuration problem. A missing executable is
-    permanent too.
-    """
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BackendError(f"{argv[0]} timed out after {timeout:g}s", permanent=False) from exc
-    except OSError as exc:
-        raise BackendError(f"could not run {argv[0]}: {exc}", permanent=True) from exc
-    if proc.returncode == 0:
-        return proc.stdout
-    error = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}")[-2000:]
-    message = f"{os.path.basename(argv[0])} failed: {error}"
-    if any(text in error for text in _POLICY_ERRORS):
-        raise PolicyRefusal(f"Slurm refused the job: {error.removeprefix('sbatch: error: ')}")
-    permanent = any(text.lower() in error.lower() for text in _PERMANENT_ERRORS)
-    raise BackendError(message, permanent=permanent)
-
-
-def master_port(job_id: str) -> int:
-    """The rendezvous port of a job: 20000..39999, the same formula as in the batch script."""
-    return 20000 + int(job_id) % 20000
-
-
-def parse_exit(state: str, exit_code: str, stopped: bool = False) -> Status:
-    """Turn sacct's ``State`` (``CANCELLED by 0``) and ``ExitCode`` (``code:signal``) into a Status."""
-    word = state.split()[0] if state.strip() else "UNKNOWN"
-    code_s, _, signal_s = exit_code.partition(":")
-    code = int(code_s) if code_s.isdigit() else 0
-    sig = int(signal_s) if signal_s.isdigit() else 0
-    if code == 0 and sig:
-        code = 128 + sig
-    if stopped:
-        return Status("exited", code or STOPPED_EXIT_CODE, "stopped on request")
-    if word == "COMPLETED":
-        return Status("exited", code, "exited" if code == 0 else f"exited with code {code}")
-    if word == "TIMEOUT":
-        return Status("exited", TIMEOUT_EXIT_CODE, "killed by Slurm after exceeding its time limit")
-    if word == "CANCELLED":
-        return Status("exited", code or STOPPED_EXIT_CODE, f"cancelled in Slurm ({state.strip()})")
-    if word == "OUT_OF_MEMORY":
-        return Status("exited", code or 137, "killed by Slurm for exceeding its memory limit")
-    if word == "NODE_FAIL":
-        return Status("exited", code or UNKNOWN_EXIT_CODE, "a node of the job failed")
-    return Status("exited", code or UNKNOWN_EXIT_CODE, f"{word.lower()} with exit code {code or UNKNOWN_EXIT_CODE}")
-
-
-# Node states (``scontrol show node``'s State=, e.g. ``IDLE+DRAIN``, ``DOWN*``) that keep work off a node.
-_DOWN_STATES = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "FUTURE",
-                          "UNKNOWN"})  # fmt: skip
-_DRAINED_STATES = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAILING", "MAINTENANCE", "REBOOT_REQUESTED",
-                             "REBOOT_ISSUED"})  # fmt: skip
-
-
-def parse_scontrol_nodes(out: str) -> list[dict[str, str]]:
-    """Every node of ``scontrol show node -o`` (one line per node), as its ``Key=Value`` fields."""
-    nodes = []
-    for line in out.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("NodeName"):
-            nodes.append(fields)
-    return nodes
-
-
-def node_partitions(fields: dict[str, str]) -> list[str]:
-    """The partitions a node of :func:`parse_scontrol_nodes` is in."""
-    return [p for p in fields.get("Partitions", "").split(",") if p and p != "(null)"]
-
-
-def node_state(state: str) -> Literal["ready", "drained", "down"]:
-    """'IDLE' -> ready; 'MIXED+DRAIN' -> drained; 'DOWN*', 'IDLE*' (not responding) -> down."""
-    flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
-    if flags & _DOWN_STATES:
-        return "down"
-    if flags & _DRAINED_STATES:
-        return "drained"
-    return "ready"
-
-
-def node_info(fields: dict[str, str], pool: str) -> NodeInfo:
-    """A node of :func:`parse_scontrol_nodes`: CPUs (``CPUTot``), memory (``RealMemory``, MB), state."""
-    cpus, memory_mb = fields.get("CPUTot", "0"), fields.get("RealMemory", "0")
-    return NodeInfo(
-        name=fields["NodeName"],
-        cpu_cores=int(cpus) if cpus.isdigit() else 0,
-        memory_mb=int(memory_mb) if memory_mb.isdigit() else 0,
-        state=node_state(fields.get("State", "UNKNOWN")),
-        pool=pool,
-    )
-
-
-def node_gpus(nodes: list[dict[str, str]]) -> list[GpuInfo]:
-    """The GPUs of nodes of :func:`parse_scontrol_nodes`: one ``GpuInfo`` per GRES gpu, index ``<node>:<i>``,
-    named by the GRES type (``gpu:h100:4``: four ``h100``)."""
-    gpus: list[GpuInfo] = []
-    for fields in nodes:
-        for gres in fields.get("Gres", "").split(","):
-            gres = re.sub(r"\(.*\)$", "", gres)  # gpu:h100:4(S:0-1)
-            parts = gres.split(":")
-            if parts[0] != "gpu" or not parts[-1].isdigit():
-                continue
-            kind = parts[1] if len(parts) == 3 else "gpu"
-            node = fields["NodeName"]
-            gpus.extend(GpuInfo(index=f"{node}:{i}", name=kind, memory_mb=0) for i in range(int(parts[-1])))
-    return sorted(gpus, key=lambda g: (_natural(g.index.split(":")[0]), int(g.index.split(":")[1])))
-
-
-def _natural(name: str) -> tuple[str, int]:
-    match = re.match(r"^(.*?)(\d*)$", name)
-    assert match is not None
-    return match.group(1), int(match.group(2) or 0)
-
-
 class SlurmBackend(FileOutputs):
     """Runs a job as one Slurm batch job, a replica per node, on partition ``partition``.
 
     ``start_timeout_s`` bounds the wait from submission to RUNNING (a job still pending then is
     cancelled and the start fails, transient). The ``*_path`` settings name the Slurm commands.
     ``spec.image`` is ignored. GPU requests are counts (``--gres=gpu:N``, N = replica 0's
-    devices): Slurm picks the indices and sets ``CUDA_VISIBLE_DEVICES``.
+    devices): Slurm picks the indices and sets ``CUDA_VISIBLE_DEVICES``. ``ray_start_timeout_s``
+    bounds the wait from a Ray cluster's start on its nodes until every node joined.
     """
 
     name = "slurm"
@@ -272,6 +139,7 @@ class SlurmBackend(FileOutputs):
         sacct_retry_delay_s: float = 0.25,
         env_root: str = "",
         notebook_start_timeout_s: float = 60.0,
+        ray_start_timeout_s: float = 180.0,
         owner: str = "gpuportal",
     ) -> None:
         self.partition = partition
@@ -289,6 +157,7 @@ class SlurmBackend(FileOutputs):
         self.env_root = env_root
         self.owner = owner
         self.notebook_start_timeout_s = notebook_start_timeout_s
+        self.ray_start_timeout_s = ray_start_timeout_s
         self.python = python or sys.executable
         self._state: dict[str, Any] = {}
         self._environment: Path | None = None  # its bin first on the job's PATH
@@ -365,7 +234,7 @@ class SlurmBackend(FileOutputs):
         write_new_file(internal / "replica.sh", _replica_script(spec.command), run_as, mode=0o700)
         gpus = len(spec.devices[0]) if spec.devices else 0
         argv = [
-            *_as_user(run_as),
+            *as_user(run_as),
             self.sbatch_path,
             "--parsable",
             "-J",
@@ -395,7 +264,7 @@ class SlurmBackend(FileOutputs):
         submitted_at = time.time()
         # Submitted as the workspace's account: with none of the worker's environment, which holds
         # the portal's secrets and which that account's other processes could read meanwhile.
-        out = run_command(argv, self.command_timeout_s, env=_user_env() if run_as else None).strip()
+        out = run_command(argv, self.command_timeout_s, env=user_env() if run_as else None).strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch printed no job id: {out!r}", permanent=False)
@@ -411,7 +280,7 @@ class SlurmBackend(FileOutputs):
         ``start()`` waits, and so is a notebook's server; an ended job polls its exit code from sacct."""
         if self._state:
             raise BackendError("this backend already holds a workload; clear_state() first", permanent=True)
-        kind, job = kind_and_job(spec)
+        kind, job = ("ray", ray_job(spec)) if isinstance(spec, RayClusterSpec) else kind_and_job(spec)
         validate_spec(job)
         job_dir = Path(os.path.abspath(os.path.join(job.work_dir, job.key)))
         found = self._jobs_in(job.key, job_dir)
@@ -420,7 +289,13 @@ class SlurmBackend(FileOutputs):
         job_id = max(found, key=int)
         nodelist, node_count, submitted_at = found[job_id]
         run_as = job.run_as if os.geteuid() == 0 else None
-        self._state = _job_state(job, job_id, kind, run_as, self._account_name(job.workspace, run_as), submitted_at)
+        account = self._account_name(job.workspace, run_as)
+        if isinstance(spec, RayClusterSpec):
+            self._state = ray_state(
+                _job_state(job, job_id, "ray", run_as, account, submitted_at), spec.workers.replicas
+            )
+        else:
+            self._state = _job_state(job, job_id, kind, run_as, account, submitted_at)
         if node_count != job.replicas:
             self.stop(0.0)  # not this spec's job: the start that follows runs alone
             self.clear_state()
@@ -429,6 +304,8 @@ class SlurmBackend(FileOutputs):
         if not live and self._sacct_final()[0] == f"CANCELLED by {os.geteuid()}":
             self._state = {}  # stopped by the portal (a failed start, the orphan sweep): not to be revived
             return None
+        if isinstance(spec, RayClusterSpec):
+            return self._ray_ready(wait=live)
         if live:
             self._wait_running()
         elif nodelist and not nodelist.startswith("None"):  # sacct's "None assigned": it never ran
@@ -447,11 +324,17 @@ class SlurmBackend(FileOutputs):
         ]
         found: dict[str, tuple[str, int, float | None]] = {}
         for argv in fields:  # sacct's word last: squeue lists no nodes once a job has ended
+            listed: dict[str, tuple[str, int, float | None]] = {}
             for line in self._run(argv).splitlines():
                 parts = line.strip().split("|")
-                if len(parts) == 6 and parts[0].isdigit() and parts[1] == str(job_dir):
-                    job_id, _, _, nodelist, count, submit = parts
-                    found[job_id] = (nodelist, int(count) if count.isdigit() else 0, _slurm_time(submit))
+                job_id = leader_id(parts[0]) if len(parts) == 6 else ""
+                if job_id and parts[1] == str(job_dir):
+                    _, _, _, nodelist, count, submit = parts
+                    # A heterogeneous job (a Ray cluster) is listed once per component: ``<id>+<i>``.
+                    nodes, counted, _ = listed.get(job_id, ("", 0, None))
+                    nodelist = f"{nodes},{nodelist}" if nodes and not nodelist.startswith("None") else nodelist or nodes
+                    listed[job_id] = (nodelist, counted + (int(count) if count.isdigit() else 0), slurm_time(submit))
+            found.update(listed)
         return found
 
     def _prepare_dirs(self, workspace: str, work_dir: Path, dirs: list[Path], run_as: RunAs | None) -> None:
@@ -548,6 +431,134 @@ class SlurmBackend(FileOutputs):
         out = self._run([self.scontrol_path, "show", "node", node])
         match = re.search(r"NodeAddr=(\S+)", out)
         return match.group(1) if match else node
+
+    # -- Ray clusters (workers/backends/slurm_ray.py) -------------------------------------------
+
+    def start_ray_cluster(self, spec: RayClusterSpec) -> Endpoint:
+        """Submit the cluster's batch job (a heterogeneous job: the head's node, then the workers'
+        nodes) and return once every node joined, with ``url`` the head's dashboard (Jobs API
+        included, behind the cluster's token). The Ray environment is built first, under
+        ``env_root``, if it is not there yet.
+
+        ``PolicyRefusal`` for a spec the user must fix (env keys, sizes no node has);
+        ``BackendError`` transient when the job did not start within ``start_timeout_s`` or the
+        nodes did not join within ``ray_start_timeout_s`` (the job is cancelled), or it ended first."""
+        if self._state:
+            if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
+                return self._ray_ready()
+            raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
+        job = check_ray_spec(spec)
+        if not self.env_root:
+            raise BackendError("the slurm backend has no environment directory for Ray", permanent=True)
+        env = ensure_ray_env(Path(self.env_root), self.python)
+        program = install_program(env)
+        run_as = spec.run_as if os.geteuid() == 0 else None
+        if run_as is not None:
+            check_reachable(env, "the Ray environment")
+            check_reachable(os.path.realpath(env / "bin" / "python"), "the Ray environment's Python")
+        account = self._ensure_account(spec.workspace, run_as)
+        job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
+        internal = job_dir / ".portal"
+        self._prepare_dirs(spec.workspace, Path(os.path.abspath(spec.work_dir)), [job_dir, internal], run_as)
+        prepare_dir(job_dir / "artifacts", run_as)
+        for stale in internal.glob("*.log"):
+            stale.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(internal / RAY_DIR)  # a previous start's (never through a link: rmtree refuses one)
+        prepare_dir(internal / RAY_DIR, run_as)
+        for name, text in ray_files(spec, job_dir, env, program, start_timeout_s=self.ray_start_timeout_s).items():
+            write_new_file(internal / name, text, run_as, mode=0o700 if name == SCRIPT_FILE else 0o600)
+        options = sbatch_options(spec, job_dir, partition=self.partition, account=account, owner=self.owner)
+        argv = [*as_user(run_as), self.sbatch_path, *options, str(internal / SCRIPT_FILE)]
+        submitted_at = time.time()
+        out = run_command(argv, self.command_timeout_s, env=user_env() if run_as else None).strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch printed no job id: {out!r}", permanent=False)
+        self._state = ray_state(_job_state(job, job_id, "ray", run_as, account, submitted_at), spec.workers.replicas)
+        return self._ray_ready()
+
+    def _ray_ready(self, *, wait: bool = True) -> Endpoint:
+        """The cluster's dashboard once its ``status.json`` says ready (of this job), recorded in the
+        state; cancelled, and ``BackendError`` (transient), if it fails, ends or takes too long first.
+        Without ``wait`` (a cluster that ended), what the file says now (no ``url`` if never ready)."""
+        job_dir, job_id = Path(self._state["job_dir"]), self._state["job_id"]
+        pending_until = time.monotonic() + self.start_timeout_s
+        ready_until = pending_until + self.ray_start_timeout_s + 30.0  # the program gives up first
+        while True:
+            status = read_ray_file(job_dir, "status.json") or {}
+            mine = str(status.get("job_id", "")) == job_id
+            if mine and status.get("ready_at"):
+                return self._record_ray_ready(status)
+            if not wait:
+                return self._ray_endpoint()
+            live = self._squeue()
+            if live is None or (mine and status.get("phase") == "failed"):
+                reason = str(status.get("reason") or "") if mine else ""
+                if live is not None:
+                    self.stop(0.0)
+                raise BackendError(
+                    f"the Ray cluster (Slurm job {job_id}) {'failed' if reason else 'ended'} before every node "
+                    f"joined{': ' + reason if reason else ''}; {self._batch_tail()}",
+                    permanent=False,
+                )
+            if live[0] in ("PENDING", "CONFIGURING") and time.monotonic() > pending_until:
+                self._cancel_and_wait(signal_first=False, grace_s=0.0)
+                self._state["final"] = {"exit_code": UNKNOWN_EXIT_CODE, "message": "did not start in time"}
+                raise BackendError(
+                    f"Slurm job {job_id} did not start within {self.start_timeout_s:g}s (reason: {live[2]}); "
+                    "it was cancelled",
+                    permanent=False,
+                )
+            if time.monotonic() > ready_until:
+                self.stop(0.0)
+                raise BackendError(
+                    f"the Ray cluster's nodes did not join in time; {self._batch_tail()}", permanent=False
+                )
+            time.sleep(0.2)
+
+    def _record_ray_ready(self, status: dict[str, Any]) -> Endpoint:
+        """Record where the head's dashboard is and which Slurm node runs each Ray node. The address
+        is the head's Slurm node's, as Slurm reports it; the port, the one its program published."""
+        ray: dict[str, Any] = self._state["ray"]
+        job_dir = Path(self._state["job_dir"])
+        head = status.get("head")
+        port = head.get("dashboard_port") if isinstance(head, dict) else None
+        if not isinstance(port, int) or not 1024 <= port <= 65535:
+            raise BackendError(f"the Ray cluster published no dashboard port: {head!r}", permanent=False)
+        for name in ray["names"]:
+            node = read_ray_file(job_dir, f"node-{name}.json") or {}
+            ray["slurm_nodes"][name] = str(node.get("slurm_node", ""))
+        self._state["nodes"] = [ray["slurm_nodes"][name] for name in ray["names"]]
+        ray["dashboard_port"] = port
+        ray["address"] = self._node_addr(ray["slurm_nodes"]["head"]) if ray["slurm_nodes"]["head"] else "127.0.0.1"
+        ray["ready_at"] = status.get("ready_at")
+        self._state.setdefault("running_at", time.time())
+        return self._ray_endpoint()
+
+    def _ray_endpoint(self) -> Endpoint:
+        ray = self._state.get("ray") or {}
+        if not ray.get("dashboard_port"):
+            return Endpoint(host="", port=0)
+        address, port = ray["address"], int(ray["dashboard_port"])
+        return Endpoint(host=address, port=port, url=f"http://{address}:{port}")
+
+    def _batch_tail(self) -> str:
+        lines = self.logs(0)[0].decode(errors="replace").strip().splitlines()[-5:]
+        return "its log ends: " + (" | ".join(lines) or "(empty)")
+
+    def ray_nodes(self, token: str = "") -> list[RayNode]:
+        """Each node of the running Ray cluster (the head first, then ``worker-0``...), with the Slurm
+        node it runs on and its state as the head's dashboard reports it (``ALIVE``, ``DEAD``,
+        ``MISSING``). ``token``: the cluster's (default: read from its secrets file, which the portal
+        can read where it runs as root or as the workspace's account). ``BackendError`` (transient)
+        where the dashboard does not answer (the cluster is not running)."""
+        ray = self._state.get("ray") or {}
+        endpoint = self._ray_endpoint()
+        if not endpoint.url:
+            raise BackendError("this backend holds no Ray cluster that became ready", permanent=True)
+        token = token or read_token(Path(self._state["job_dir"]))
+        return query_ray_nodes(endpoint.url, token, list(ray["names"]), dict(ray["slurm_nodes"]))
 
     def _script(self, spec: JobSpec, job_dir: Path) -> str:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **spec.env}
@@ -735,9 +746,11 @@ class SlurmBackend(FileOutputs):
         recorded = {str(state.get("job_id")) for state in keep.states}
         orphans = []
         for line in self._run([self.squeue_path, "-h", "-o", "%i|%j|%k"]).splitlines():
-            job_id, name, comment = (line.strip().split("|", 2) + ["", ""])[:3]
-            if comment == owner and job_id.isdigit() and job_id not in recorded and name not in keep.keys:
+            listed, name, comment = (line.strip().split("|", 2) + ["", ""])[:3]
+            job_id = leader_id(listed)  # a heterogeneous job's components are cancelled with it
+            if comment == owner and job_id and job_id not in recorded and name not in keep.keys:
                 orphans.append(job_id)
+        orphans = list(dict.fromkeys(orphans))
         if orphans:
             self._run([self.scancel_path, *orphans])
         return orphans
@@ -773,28 +786,6 @@ def _settled_id(job_dir: Path) -> str:
         return ""
     with opened:
         return opened.read(64).decode(errors="replace").strip()
-
-
-def _slurm_time(text: str) -> float | None:
-    """A Slurm timestamp (``2026-11-24T11:27:41``, local time) as seconds since the epoch."""
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def _user_env() -> dict[str, str]:
-    """The environment of a Slurm command run as a workspace's account: only what Slurm's tools need."""
-    keep = ("PATH", "LANG", "LC_ALL", "TZ", "SLURM_CONF")
-    return {k: os.environ[k] for k in keep if k in os.environ} | {"HOME": "/nonexistent"}
-
-
-def _as_user(run_as: RunAs | None) -> list[str]:
-    """The prefix that runs a Slurm command as the workspace's account (``sbatch`` submits as
-    whoever runs it: the job then runs as that account on every node)."""
-    if run_as is None:
-        return []
-    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--"]
 
 
 def _replica_script(command: str) -> str:
