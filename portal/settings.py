@@ -71,8 +71,10 @@ INSTALLED_APPS = [
     "apps.accounting",
     "apps.catalog",
     "apps.inventory",
+    "apps.workloads",
     "apps.compute",
     "apps.jobs",
+    "apps.rayclusters",
     "apps.scheduling",
     "apps.web",
     "apps.console",
@@ -467,6 +469,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": "none"},
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Every kind's `state` is the one workload column's: one enum, named for it.
+    "ENUM_NAME_OVERRIDES": {"WorkloadStateEnum": "apps.workloads.models.STATE_CHOICES"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.api.schema.add_error_responses",
@@ -604,6 +608,8 @@ PORTAL_PREEMPTION_GRACE_S = env_int("PORTAL_PREEMPTION_GRACE_S", 60, minimum=0, 
 PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
 # An admitted gang not running after this long is requeued, with backoff doubling per requeue.
 PORTAL_GANG_READY_TIMEOUT_S = env_int("PORTAL_GANG_READY_TIMEOUT_S", 900, minimum=10)
+# How long a Ray cluster may take for every node to join (environment built, `ray start`s done).
+PORTAL_RAY_START_TIMEOUT_S = env_int("PORTAL_RAY_START_TIMEOUT_S", 300, minimum=10, maximum=3600)
 PORTAL_GANG_BACKOFF_S = env_int("PORTAL_GANG_BACKOFF_S", 60, minimum=1)
 PORTAL_GANG_BACKOFF_MAX_S = env_int("PORTAL_GANG_BACKOFF_MAX_S", 3600, minimum=1)
 # Limits a new private workspace gets; admins change them per workspace.

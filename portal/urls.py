@@ -12,6 +12,7 @@ urlpatterns = [
     path("console/", include("apps.console.urls")),
     path("api/v1/", include("apps.api.urls")),
     path("", include("apps.compute.urls")),
+    path("", include("apps.rayclusters.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),

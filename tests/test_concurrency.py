@@ -56,7 +56,9 @@ def test_1000_concurrent_submissions_are_each_recorded_once_and_admitted_within_
     assert [r.status_code for r in responses if r.status_code != 201] == []
     names = list(Job.objects.filter(workspace=tx_world.team_a).values_list("name", flat=True))
     assert len(names) == 1000 and len(set(names)) == 1000
-    held = sum(Allocation.objects.filter(job__workspace=tx_world.team_a).values_list("fraction", flat=True), Decimal(0))
+    held = sum(
+        Allocation.objects.filter(workload__workspace=tx_world.team_a).values_list("fraction", flat=True), Decimal(0)
+    )
     admitted = Job.objects.filter(workspace=tx_world.team_a, state=Job.State.ADMITTED).count()
     assert held == admitted == 4  # team-a's quota: 4 h100; the rest wait their turn
 

@@ -22,12 +22,12 @@ def _job(world: World, name: str) -> Job:
 def test_shares_of_one_gpu_above_one_are_refused(world: World) -> None:
     gpu = GPU.objects.order_by("pk").first()
     assert gpu is not None
-    Allocation.objects.create(gpu=gpu, fraction=Decimal("0.75"), job=_job(world, "a"))
-    Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), job=_job(world, "b"))  # exactly one: fine
+    Allocation.objects.create(gpu=gpu, fraction=Decimal("0.75"), workload=_job(world, "a"))
+    Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), workload=_job(world, "b"))  # exactly one: fine
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), job=_job(world, "c"))
+        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), workload=_job(world, "c"))
     other = GPU.objects.exclude(pk=gpu.pk).order_by("pk").first()
-    moving = Allocation.objects.create(gpu=other, fraction=Decimal("0.5"), job=_job(world, "d"))
+    moving = Allocation.objects.create(gpu=other, fraction=Decimal("0.5"), workload=_job(world, "d"))
     with pytest.raises(IntegrityError), transaction.atomic():
         Allocation.objects.filter(pk=moving.pk).update(gpu=gpu)  # an update is checked too
     assert sum(a.fraction for a in Allocation.objects.filter(gpu=gpu)) == 1
@@ -37,14 +37,14 @@ def test_three_thirds_share_one_gpu_and_nothing_more_fits(world: World) -> None:
     gpu = GPU.objects.order_by("pk").first()
     assert gpu is not None
     for name in ("a", "b", "c"):
-        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.333"), job=_job(world, name))
+        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.333"), workload=_job(world, name))
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), job=_job(world, "d"))
+        Allocation.objects.create(gpu=gpu, fraction=Decimal("0.25"), workload=_job(world, "d"))
     assert sum(a.fraction for a in Allocation.objects.filter(gpu=gpu)) == Decimal("0.999")
     other = GPU.objects.exclude(pk=gpu.pk).order_by("pk").first()
     assert other is not None
-    Allocation.objects.create(gpu=other, fraction=Decimal("0.667"), job=_job(world, "e"))
-    Allocation.objects.create(gpu=other, fraction=Decimal("0.333"), job=_job(world, "f"))  # exactly one
+    Allocation.objects.create(gpu=other, fraction=Decimal("0.667"), workload=_job(world, "e"))
+    Allocation.objects.create(gpu=other, fraction=Decimal("0.333"), workload=_job(world, "f"))  # exactly one
     assert sum(a.fraction for a in Allocation.objects.filter(gpu=other)) == 1
 
 
@@ -59,7 +59,7 @@ def test_two_transactions_at_once_cannot_overfill_a_gpu(tx_world: World) -> None
         try:
             with transaction.atomic():
                 barrier.wait(10)  # both inside a transaction before either writes
-                Allocation.objects.create(gpu=gpu, fraction=Decimal("0.75"), job=job)
+                Allocation.objects.create(gpu=gpu, fraction=Decimal("0.75"), workload=job)
             outcomes.append("took")
         except IntegrityError:
             outcomes.append("refused")
@@ -87,20 +87,25 @@ def test_an_admission_the_database_refuses_stays_queued_and_the_cycle_goes_on(
     # Someone else holds three quarters of every device, behind the scheduler's back (the snapshot
     # it reads says they are free).
     squatter = _job(world, "squatter")
-    Allocation.objects.bulk_create(Allocation(gpu=g, fraction=Decimal("0.75"), job=squatter) for g in gpus)
+    held = squatter.podsets.get()
+    Allocation.objects.bulk_create(
+        Allocation(gpu=g, fraction=Decimal("0.75"), workload=squatter, podset=held) for g in gpus
+    )
     from apps.scheduling import adapter
 
     real = adapter.load_snapshot
 
     def stale() -> object:
-        Allocation.objects.filter(job=squatter).delete()
+        Allocation.objects.filter(workload=squatter).delete()
         try:
             return real()
         finally:
-            Allocation.objects.bulk_create(Allocation(gpu=g, fraction=Decimal("0.75"), job=squatter) for g in gpus)
+            Allocation.objects.bulk_create(
+                Allocation(gpu=g, fraction=Decimal("0.75"), workload=squatter, podset=held) for g in gpus
+            )
 
     monkeypatch.setattr(adapter, "load_snapshot", stale)
     run_cycle()
     first.refresh_from_db()
     assert first.state == Job.State.QUEUED
-    assert not Allocation.objects.filter(job=first).exists()
+    assert not Allocation.objects.filter(workload=first).exists()

@@ -28,11 +28,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Case, F, FloatField, Sum, Value, When
-from django.db.models.functions import Coalesce, TruncMonth
+from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
-from apps.compute.models import Instance
-from apps.jobs.models import Job, JobAttempt
+from apps.jobs.models import JobAttempt
+from apps.workloads.models import PodSet, Workload
 from apps.workspaces.access import MANAGE, restrict
 from apps.workspaces.models import Workspace
 
@@ -185,7 +185,7 @@ def measured_cells(
     cells = (
         rows.annotate(
             month=TruncMonth("at", tzinfo=UTC),
-            user=Coalesce("job__created_by__username", "instance__created_by__username"),
+            user=F("workload__created_by__username"),
         )
         .values_list("month", "workspace__name", "user", "gpu__gpu_type")
         .annotate(busy=Sum(F("utilisation") * period / 100, output_field=FloatField()))
@@ -259,8 +259,8 @@ def usage_cells(
         narrow += f" AND {{began}} < {until} AND ({{ended}} IS NULL OR {{ended}} > %(since)s)"
     sql = _SQL.format(
         attempt=_table(JobAttempt),
-        job=_table(Job),
-        instance=_table(Instance),
+        workload=_table(Workload),
+        podset=_table(PodSet),
         workspace=_table(Workspace),
         user=_table(get_user_model()),
         job_narrow=narrow.format(alias="j", began="a.started_at", ended="a.finished_at"),
@@ -278,16 +278,31 @@ def _cells_here(
 ) -> list[UsageRow]:
     """`usage_cells()` over the runs' rows, cut and summed in Python, exactly."""
     runs: list[tuple[str, str | None, str, Decimal, datetime, datetime]] = []
-    for model, prefix, began, ended in ((JobAttempt, "job__", "started_at", "finished_at"),
-                                        (Instance, "", "started_at", "finished_at")):  # fmt: skip
-        rows = model.objects.filter(**{f"{prefix}gpus_per_replica__gt": 0, f"{began}__isnull": False})
+    # A job's attempts with its pod sets; every other kind's run with its pod sets.
+    sources = (
+        (JobAttempt.objects.all(), "job__", "job__podsets__", "started_at", "finished_at"),
+        (
+            PodSet.objects.exclude(workload__kind="job"),
+            "workload__",
+            "",
+            "workload__started_at",
+            "workload__finished_at",
+        ),
+    )
+    for rows, owner, podset, began, ended in sources:
+        rows = rows.filter(**{f"{podset}gpus__gt": 0, f"{began}__isnull": False})
         if workspace_ids is not None:
-            rows = rows.filter(**{f"{prefix}workspace_id__in": workspace_ids})
+            rows = rows.filter(**{f"{owner}workspace_id__in": workspace_ids})
         if workspace is not None:
-            rows = rows.filter(**{f"{prefix}workspace__name": workspace})
-        fields = ("workspace__name", "created_by__username", "gpu_type", "gpus_per_replica", "replicas")
+            rows = rows.filter(**{f"{owner}workspace__name": workspace})
         for name, user, gpu_type, gpus, replicas, start, end in rows.values_list(
-            *(prefix + f for f in fields), began, ended
+            f"{owner}workspace__name",
+            f"{owner}created_by__username",
+            f"{podset}gpu_type",
+            f"{podset}gpus",
+            f"{podset}replicas",
+            began,
+            ended,
         ):
             runs.append((name, user, gpu_type, Decimal(gpus) * replicas, start, end or now))
     sums: dict[tuple[str, str | None, str | None, str | None], Decimal] = {}
@@ -321,15 +336,15 @@ def _table(model: Any) -> str:
 # zone, read in UTC, steps by calendar month whatever the session's time zone.
 _SQL = """
 WITH spans AS (
-    SELECT j.workspace_id, j.created_by_id AS user_id, j.gpu_type, j.gpus_per_replica * j.replicas AS gpus,
+    SELECT j.workspace_id, j.created_by_id AS user_id, p.gpu_type, p.gpus * p.replicas AS gpus,
            a.started_at AS began, COALESCE(a.finished_at, %(now)s) AS ended
-    FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-    WHERE j.gpus_per_replica > 0 AND a.started_at IS NOT NULL{job_narrow}
+    FROM {attempt} a JOIN {workload} j ON j.id = a.job_id JOIN {podset} p ON p.workload_id = j.id
+    WHERE p.gpus > 0 AND a.started_at IS NOT NULL{job_narrow}
     UNION ALL
-    SELECT i.workspace_id, i.created_by_id, i.gpu_type, i.gpus_per_replica * i.replicas,
+    SELECT i.workspace_id, i.created_by_id, p.gpu_type, p.gpus * p.replicas,
            i.started_at, COALESCE(i.finished_at, %(now)s)
-    FROM {instance} i
-    WHERE i.gpus_per_replica > 0 AND i.started_at IS NOT NULL{instance_narrow}
+    FROM {workload} i JOIN {podset} p ON p.workload_id = i.id
+    WHERE i.kind <> 'job' AND p.gpus > 0 AND i.started_at IS NOT NULL{instance_narrow}
 ), clipped AS (
     SELECT workspace_id, user_id, gpu_type, gpus,
            GREATEST(began, {since}) AS began, LEAST(ended, {until}) AS ended

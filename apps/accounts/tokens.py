@@ -42,27 +42,24 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 
 from apps.accounts.models import WorkloadUser
 from apps.accounts.stamps import credential_stamp
-from apps.compute.models import Collaborator, Instance, Notebook
-from apps.jobs.models import Job
+from apps.compute.models import Collaborator, Instance
+from apps.workloads.kinds import KINDS
+from apps.workloads.models import Workload
 from apps.workspaces.access import USE, VIEW, restrict
 
 PREFIX = "gpw_"
 _SALT = "apps.accounts.tokens.workload"
-_TOKEN_RE = re.compile(r"^gpw_(job|instance|notebook)_([1-9][0-9]{0,17})_([0-9a-f]{64})$")
+_TOKEN_RE = re.compile(r"^gpw_([a-z]{1,32})_([1-9][0-9]{0,17})_([0-9a-f]{64})$")
 
 # Collaborator access, weakest first; "" is none at all.
 _ACCESS_RANK = {"": 0, Collaborator.Access.READ: 1, Collaborator.Access.WRITE: 2}
 
-# Each kind of workload, and the states in which its processes may run (and its token works).
-_KINDS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
-    "job": (Job, (Job.State.ADMITTED, Job.State.RUNNING)),
-    "instance": (Instance, (Instance.State.PROVISIONING, Instance.State.RUNNING)),
-    "notebook": (Notebook, (Notebook.State.STARTING, Notebook.State.READY)),
-}
+# Each kind of workload says the states in which its processes may run, and its token works
+# (apps/workloads/kinds.py: ``KindInfo.token_states``).
 
 
-def _kind(workload: Job | Instance | Notebook) -> str:
-    return {Job: "job", Instance: "instance", Notebook: "notebook"}[type(workload)]
+def _kind(workload: Workload) -> str:
+    return workload.kind
 
 
 def _signature(kind: str, workload: Any, secret: str | None = None) -> str:
@@ -74,7 +71,7 @@ def _signature(kind: str, workload: Any, secret: str | None = None) -> str:
     return salted_hmac(_SALT, message, secret=secret, algorithm="sha256").hexdigest()
 
 
-def workload_token(workload: Job | Instance | Notebook) -> str | None:
+def workload_token(workload: Workload) -> str | None:
     """The workload's own token; None for one that no user launched (nobody to act for)."""
     if workload.created_by_id is None:
         return None
@@ -82,7 +79,7 @@ def workload_token(workload: Job | Instance | Notebook) -> str | None:
     return f"{PREFIX}{kind}_{workload.pk}_{_signature(kind, workload)}"
 
 
-def workload_env(workload: Job | Instance | Notebook) -> dict[str, str]:
+def workload_env(workload: Workload) -> dict[str, str]:
     """The variables a workload gets to use the SDK and CLI: the portal's address as workloads
     reach it (``PORTAL_INTERNAL_URL``, as notebook servers do), its workspace, and its token.
     The token is a secret: backends pass it through the workload's environment only."""
@@ -105,7 +102,7 @@ def user_for_token(key: str) -> WorkloadUser | None:
         return None
     kind, workload = found
     launcher = workload.created_by
-    if workload.state not in _KINDS[kind][1] or not launcher.is_active:
+    if workload.state not in KINDS[kind].token_states or not launcher.is_active:
         return None
     user = WorkloadUser.acting_for(
         launcher, workspace_id=workload.workspace_id, workload=f"{kind} {workload.pk}", in_workload=True
@@ -132,7 +129,9 @@ def _workload_of(key: str) -> tuple[str, Any] | None:
     if match is None:
         return None
     kind, pk, signature = match.groups()
-    workload = _KINDS[kind][0].objects.select_related("created_by").filter(pk=int(pk)).first()
+    if kind not in KINDS:
+        return None
+    workload = KINDS[kind].model.objects.select_related("created_by").filter(pk=int(pk)).first()
     if workload is None or workload.created_by is None:
         return None
     secrets = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
@@ -164,7 +163,7 @@ def held_by_workloads(user: Any, limit: int = 50) -> list[tuple[str, Any]]:
     """The user's workloads whose tokens work now, newest first, as (kind, workload): what the
     tokens page lists, for the user to see what acts for them (and end it to revoke it)."""
     held: list[tuple[str, Any]] = []
-    for kind, (model, live) in _KINDS.items():
-        rows = model.objects.filter(created_by=user, state__in=live).select_related("workspace")
+    for kind, info in KINDS.items():
+        rows = info.model.objects.filter(created_by=user, state__in=info.token_states).select_related("workspace")
         held += [(kind, row) for row in rows.order_by("-created_at")[:limit]]
     return sorted(held, key=lambda pair: pair[1].created_at, reverse=True)[:limit]

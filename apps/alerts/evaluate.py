@@ -32,7 +32,6 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Min, Q, Sum
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.alerts import delivery
@@ -40,11 +39,11 @@ from apps.alerts.models import Alert, AlertRule
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
-from apps.compute.models import Instance
 from apps.inventory.models import Allocation, Node
-from apps.jobs.models import Job
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import FRESH_S, RAW
+from apps.workloads.kinds import scheduled
+from apps.workloads.models import Workload
 from apps.workspaces.models import GPUQuota, Workspace
 
 logger = logging.getLogger(__name__)
@@ -145,12 +144,12 @@ def _gpu_idle(rule: AlertRule, now: datetime) -> dict[str, Found]:
 
 def _queue_wait(rule: AlertRule, now: datetime) -> dict[str, Found]:
     first: dict[int, datetime] = {}
-    for model in (Job, Instance):
-        rows = model.objects.filter(state=model.State.QUEUED)
+    for kind, traits in scheduled().items():
+        rows = Workload.objects.filter(kind=kind, state=traits.queued)
         if rule.workspace_id is not None:
             rows = rows.filter(workspace_id=rule.workspace_id)
         if rule.gpu_type:
-            rows = rows.filter(gpu_type=rule.gpu_type)
+            rows = rows.filter(podsets__gpu_type=rule.gpu_type).distinct()
         for workspace_id, since in rows.values_list("workspace_id").annotate(since=Min("created_at")).order_by():
             first[workspace_id] = min(first.get(workspace_id, since), since)
     names = dict(Workspace.objects.filter(pk__in=first).values_list("pk", "name"))
@@ -172,11 +171,10 @@ def _quota_used(rule: AlertRule) -> dict[str, Found]:
     rows = list(quotas.values_list("workspace_id", "workspace__name", "gpu_type", "gpus"))
     held = dict(
         ((workspace_id, gpu_type), total)
-        for workspace_id, gpu_type, total in Allocation.objects.annotate(
-            held_by=Coalesce("job__workspace_id", "instance__workspace_id")
+        for workspace_id, gpu_type, total in Allocation.objects.filter(
+            workload__workspace_id__in={row[0] for row in rows}
         )
-        .filter(held_by__in={row[0] for row in rows})
-        .values_list("held_by", "gpu__gpu_type")
+        .values_list("workload__workspace_id", "gpu__gpu_type")
         .annotate(n=Sum("fraction"))
         .order_by()
     )

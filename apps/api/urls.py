@@ -18,6 +18,7 @@ from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewS
 from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
+from apps.rayclusters.api import RayClusterViewSet
 from apps.workspaces.api import CohortViewSet, GPUQuotaViewSet, MembershipViewSet, WorkspaceViewSet
 
 router = DefaultRouter()
@@ -32,6 +33,7 @@ router.register("instances", InstanceViewSet, basename="instance")
 router.register("notebooks", NotebookViewSet, basename="notebook")
 router.register("collaborators", CollaboratorViewSet, basename="collaborator")
 router.register("jobs", JobViewSet, basename="job")
+router.register("ray-clusters", RayClusterViewSet, basename="raycluster")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")

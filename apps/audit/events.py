@@ -93,6 +93,20 @@ class Event(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_ARTIFACTS_LEFT_OUT = "job.artifacts_left_out"  # by the portal: files past the artifact limits
 
+    # Ray clusters (apps/rayclusters, apps/scheduling): asked for by a user, then done by the portal
+    RAY_CREATE = "raycluster.create"
+    RAY_DELETE = "raycluster.delete"
+    RAY_OPEN = "raycluster.open"  # a user signed in to its dashboard from the portal
+    RAY_ADMIT = "raycluster.admit"
+    RAY_READY = "raycluster.ready"
+    RAY_DEGRADED = "raycluster.degraded"
+    RAY_REPAIRED = "raycluster.repaired"
+    RAY_PREEMPT = "raycluster.preempt"
+    RAY_REQUEUE = "raycluster.requeue"
+    RAY_SUCCEEDED = "raycluster.succeeded"
+    RAY_FAILED = "raycluster.failed"
+    RAY_STOPPED = "raycluster.stopped"
+
     # Alerts (apps/alerts): rules changed by users; alerts silenced, firing and resolved
     ALERT_RULE_CREATE = "alertrule.create"
     ALERT_RULE_UPDATE = "alertrule.update"

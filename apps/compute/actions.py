@@ -155,7 +155,7 @@ def do_delete_instance(instance: Instance, *, acting_user: Any, origin: Origin =
             instance.state = Instance.State.DELETING
             request_workload("instance", instance.pk)
         else:
-            Allocation.objects.filter(instance=instance).delete()
+            Allocation.objects.filter(workload=instance).delete()
             instance.state = Instance.State.DELETED
             instance.finished_at = timezone.now()
         instance.save()
@@ -391,7 +391,7 @@ def record_instance_start(instance: Instance, *, endpoint: str, restarted: bool)
     instance.started_at = instance.started_at or timezone.now()
     instance.save()
     devices = list(
-        Allocation.objects.filter(instance=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
+        Allocation.objects.filter(workload=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
     )
     do_log_event(
         Event.INSTANCE_RESTART if restarted else Event.INSTANCE_START,
@@ -408,7 +408,7 @@ def record_instance_failure(instance: Instance, reason: str) -> None:
     """It could not start, or its processes died too often: its notebooks fail with it."""
     for notebook in instance.notebooks.filter(state__in=Notebook.LIVE_STATES):
         record_notebook_end(notebook, Notebook.State.FAILED, f"its instance failed: {reason}")
-    Allocation.objects.filter(instance=instance).delete()
+    Allocation.objects.filter(workload=instance).delete()
     instance.state = Instance.State.FAILED
     instance.failure_reason = reason[:2000]
     instance.finished_at = timezone.now()
@@ -420,7 +420,7 @@ def record_instance_failure(instance: Instance, reason: str) -> None:
 
 def record_instance_deleted(instance: Instance) -> None:
     """Its backend stopped a deleted instance: its GPUs go back."""
-    Allocation.objects.filter(instance=instance).delete()
+    Allocation.objects.filter(workload=instance).delete()
     instance.state = Instance.State.DELETED
     instance.finished_at = timezone.now()
     instance.save()

@@ -10,5 +10,9 @@ class ComputeConfig(AppConfig):
             checks,  # noqa: F401  (registers the deployment checks)
             hosting,
         )
+        from apps.compute.kind import INSTANCE, NOTEBOOK
+        from apps.workloads import kinds
 
+        kinds.register(INSTANCE)
+        kinds.register(NOTEBOOK)
         hosting.register()

@@ -82,7 +82,7 @@ def instance_activity(instance: Instance, now: datetime) -> datetime | None:
     be used over its kubeconfig or a terminal) or a notebook of it cannot be asked."""
     from apps.telemetry.models import GpuSample
 
-    if not GpuSample.objects.filter(instance_id=instance.pk).exists():
+    if not GpuSample.objects.filter(workload_id=instance.pk).exists():
         return None
     times = [instance.started_at or now]
     busy = gpu_busy_at(instance.pk)
@@ -154,7 +154,7 @@ def gpu_busy_at(instance_id: int) -> datetime | None:
     from apps.telemetry.models import GpuSample  # the telemetry app records what the compute app runs
 
     threshold = settings.PORTAL_CULL_GPU_BUSY_PERCENT
-    busy = GpuSample.objects.filter(instance_id=instance_id, utilisation__gte=threshold)
+    busy = GpuSample.objects.filter(workload_id=instance_id, utilisation__gte=threshold)
     return busy.aggregate(last=Max("at"))["last"]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from apps.accounts.tokens import workload_env
 from apps.alerts import evaluate as alert_evaluation
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 def _devices(instance: Instance) -> list[str]:
-    indexes = Allocation.objects.filter(instance=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
+    indexes = Allocation.objects.filter(workload=instance).order_by("gpu__index").values_list("gpu__index", flat=True)
     return [str(i) for i in indexes]
 
 
@@ -57,8 +57,8 @@ class InstanceKind(Kind):
     live_states = Instance.LIVE_STATES
     restarts_in_place = True
 
-    def load(self, pk: int) -> Instance | None:
-        return Instance.objects.select_related("workspace", "cluster", "profile").filter(pk=pk).first()
+    def rows(self) -> QuerySet[Instance]:
+        return Instance.objects.select_related("workspace", "cluster", "profile")
 
     def phase(self, row: Instance) -> Phase | None:
         return {
@@ -109,7 +109,7 @@ class InstanceKind(Kind):
         for notebook_id in notebooks.values_list("pk", flat=True):
             host.stop(NOTEBOOKS, notebook_id)
 
-    def record_stop(self, row: Instance, backend: Backend | None) -> None:
+    def record_stop(self, row: Instance, ran: bool) -> None:
         actions.record_instance_deleted(row)
 
     def record_host_stop(self, row: Instance) -> None:
@@ -131,9 +131,8 @@ class NotebookKind(Kind):
     restarts_in_place = True
     start_errors = (proxy.ProxyError,)
 
-    def load(self, pk: int) -> Notebook | None:
-        related = ("workspace", "profile", "instance__workspace", "instance__cluster")
-        return Notebook.objects.select_related(*related).filter(pk=pk).first()
+    def rows(self) -> QuerySet[Notebook]:
+        return Notebook.objects.select_related("workspace", "profile", "instance__workspace", "instance__cluster")
 
     def phase(self, row: Notebook) -> Phase | None:
         if row.state in self.start_states:
@@ -211,7 +210,7 @@ class NotebookKind(Kind):
     def before_stop(self, row: Notebook) -> None:
         self.disconnect(row)
 
-    def record_stop(self, row: Notebook, backend: Backend | None) -> None:
+    def record_stop(self, row: Notebook, ran: bool) -> None:
         actions.record_notebook_end(row, Notebook.State.STOPPED)
 
     def record_host_stop(self, row: Notebook) -> None:

@@ -1,4 +1,4 @@
-"""The portal never serves itself on a notebook's host.
+"""The portal never serves itself on a notebook's host; a Ray cluster's host gets its dashboard.
 
 The notebook proxy sends every host it has no route for to the portal, so a request for a
 notebook host with no server behind it (a notebook that never existed, or is stopped) reaches
@@ -9,6 +9,11 @@ here: Channels refuses them for any host outside ALLOWED_HOSTS, with a 403 too.)
 
 First in MIDDLEWARE: it reads the raw Host header, which the notebook domain (never in
 ALLOWED_HOSTS) would fail in Django's host check.
+
+A Ray cluster's dashboard host (``ray-<name>-<id>`` under the same domain) has no route in the
+notebook proxy by design: Ray's ports run whatever code reaches them, so every request for it
+comes here and goes to the portal's own authenticating proxy (apps/rayclusters/proxy.py). A label
+whose id is no Ray cluster's, or whose name is not that cluster's, is answered as above.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 
 from apps.compute import hosts
+from apps.rayclusters import proxy as ray_proxy
 
 # What a notebook's server answers to a refused callback, and the portal for a host with no
 # server: the same bytes (workers/notebook/portal_identity.py holds the same text).
@@ -44,10 +51,13 @@ class NotebookHostMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         host = hosts.split_host(request.META.get("HTTP_HOST", ""))
         label = hosts.label_of_host(host)
         if label is not None:
+            cluster = ray_proxy.cluster_of_label(label)
+            if cluster is not None:
+                return ray_proxy.serve(request, cluster)
             websocket = request.META.get("HTTP_UPGRADE", "").lower() == "websocket"
             return notebook_host_answer(label, request.path, request.META.get("QUERY_STRING", ""), websocket=websocket)
         return self.get_response(request)

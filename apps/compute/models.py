@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.compute.hosts import host_label, notebook_host, notebook_origin
-from apps.names import validate_dns_label
-from apps.scheduling.models import Workload
-from apps.workloads.models import Hosted
+from apps.names import validate_gpu_type
+from apps.workloads.models import PodSet, Workload, single_pod_set
 
 
 class Instance(Workload):
@@ -23,17 +23,31 @@ class Instance(Workload):
         DELETED = "DELETED", "Deleted"
         FAILED = "FAILED", "Failed"
 
+    KIND = "instance"
+    # Its workload row (its id is the workload's); `workload.as_instance` is this detail row.
+    workload_ptr = models.OneToOneField(
+        Workload, on_delete=models.CASCADE, parent_link=True, primary_key=True, related_name="as_instance"
+    )
+    INITIAL_STATE = State.QUEUED
     # States that count against the workspace's max-instances limit.
     LIVE_STATES = (State.QUEUED, State.PROVISIONING, State.RUNNING, State.DELETING)
     # The field holding the id of the instance whose collaborators a row is shared with
     # (apps/workspaces/access.py): its own, for an instance.
     COLLABORATORS = "pk"
 
-    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="instances")
-    name = models.CharField(max_length=63, validators=[validate_dns_label])
     description = models.CharField(max_length=2000, blank=True)
     profile = models.ForeignKey("catalog.ComputeProfile", on_delete=models.PROTECT, related_name="instances")
-    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    # What it holds, from its profile: `replicas` alike shares of the cluster.
+    gpu_type = models.CharField(max_length=32, blank=True, validators=[validate_gpu_type])
+    gpus_per_replica = models.DecimalField(
+        max_digits=7,
+        decimal_places=3,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1024"))],
+    )
+    replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)])
+    cpu_cores = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(4096)])
+    memory_gb = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(65536)])
     failure_reason = models.CharField(max_length=2000, blank=True)
     # Why the portal, not a person, ended it (idle, or its workspace's maximum runtime), for its page.
     stop_reason = models.CharField(max_length=500, blank=True)
@@ -42,16 +56,20 @@ class Instance(Workload):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["workspace", "name"],
-                condition=Q(state__in=["QUEUED", "PROVISIONING", "RUNNING", "DELETING"]),
-                name="instance_live_name_unique",
-            )
-        ]
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        self.preemptible = False  # interactive work is never stopped for other work
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def pod_sets(self) -> list[PodSet]:
+        return [single_pod_set(self)]
+
+    @property
+    def total_gpus(self) -> Decimal:
+        return self.gpus_per_replica * self.replicas
 
     @property
     def launched_at(self) -> datetime:
@@ -93,7 +111,7 @@ def _new_access_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-class Notebook(Hosted):
+class Notebook(Workload):
     class State(models.TextChoices):
         PENDING = "PENDING", "Waiting for its instance"
         STARTING = "STARTING", "Starting"
@@ -102,15 +120,18 @@ class Notebook(Hosted):
         STOPPED = "STOPPED", "Stopped"
         FAILED = "FAILED", "Failed"
 
+    KIND = "notebook"
+    # Its workload row (its id is the workload's); `workload.as_notebook` is this detail row.
+    workload_ptr = models.OneToOneField(
+        Workload, on_delete=models.CASCADE, parent_link=True, primary_key=True, related_name="as_notebook"
+    )
+    INITIAL_STATE = State.PENDING
     LIVE_STATES = (State.PENDING, State.STARTING, State.READY, State.STOPPING)
     COLLABORATORS = "instance_id"  # a notebook is shared with its instance
 
-    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="notebooks")
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="notebooks")
-    name = models.CharField(max_length=63, validators=[validate_dns_label])
     description = models.CharField(max_length=2000, blank=True)
     profile = models.ForeignKey("catalog.NotebookProfile", on_delete=models.PROTECT, related_name="notebooks")
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
     access_token = models.CharField(max_length=100, default=_new_access_token)
     # Why the portal, not a person, stopped it ("culled: idle for 2 h 10 min"); cleared when started again.
@@ -119,22 +140,14 @@ class Notebook(Hosted):
     idle_warned_at = models.DateTimeField(null=True, blank=True)
     # Where the notebook proxy sends its host's requests (the server's URL), once ready.
     proxy_target = models.CharField(max_length=500, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["workspace", "name"],
-                condition=Q(state__in=["PENDING", "STARTING", "READY", "STOPPING"]),
-                name="notebook_live_name_unique",
-            )
-        ]
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        self.preemptible = False  # it runs on its instance's GPUs, which are never preempted
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}"

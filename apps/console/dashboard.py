@@ -109,7 +109,7 @@ def usage_data(request: HttpRequest) -> JsonResponse:
 @admin_only
 def inventory(request: HttpRequest) -> HttpResponse:
     """Every GPU of every registered cluster, and which workload holds it."""
-    allocations = Allocation.objects.select_related("instance__workspace", "job__workspace").order_by("replica")
+    allocations = Allocation.objects.select_related("workload__workspace", "podset").order_by("replica")
     gpus = (
         GPU.objects.select_related("node__pool__cluster")
         .prefetch_related(Prefetch("allocations", queryset=allocations))

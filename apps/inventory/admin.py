@@ -27,4 +27,4 @@ class GPUAdmin(admin.ModelAdmin):
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):
-    list_display = ["gpu", "fraction", "instance", "job", "replica", "created_at"]
+    list_display = ["gpu", "fraction", "workload", "podset", "replica", "created_at"]

@@ -91,11 +91,16 @@ class AllocationSerializer(StrictModelSerializer):
     @extend_schema_field({"type": "object", "nullable": True})
     def get_holder(self, allocation: Allocation) -> dict[str, Any] | None:
         """What holds the share: shown only where you can see the workload's workspace."""
-        workload = allocation.instance or allocation.job
-        if workload is None or workload.workspace_id not in self.context["visible_workspaces"]:
+        workload = allocation.workload
+        if workload.workspace_id not in self.context["visible_workspaces"]:
             return None
-        kind = "instance" if allocation.instance_id else "job"
-        return {"kind": kind, "id": workload.pk, "name": workload.name, "workspace": workload.workspace.name}
+        return {
+            "kind": workload.kind,
+            "id": workload.pk,
+            "name": workload.name,
+            "workspace": workload.workspace.name,
+            "role": allocation.podset.role,
+        }
 
 
 class GPUSerializer(StrictModelSerializer):
@@ -145,7 +150,7 @@ class GPUViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["index"]
 
     def get_queryset(self) -> Any:
-        holders = Allocation.objects.select_related("instance__workspace", "job__workspace")
+        holders = Allocation.objects.select_related("workload__workspace", "podset")
         return GPU.objects.select_related("node__pool__cluster").prefetch_related(
             Prefetch("allocations", queryset=holders)
         )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -90,25 +91,24 @@ class GPU(models.Model):
 
 
 class Allocation(models.Model):
-    """A share of one GPU held by one replica of an instance or a job."""
+    """A share of one GPU held by one replica of one pod set of a workload."""
 
     gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations")
     fraction = models.DecimalField(
         max_digits=4, decimal_places=3, validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(1)]
     )
-    instance = models.ForeignKey(
-        "compute.Instance", null=True, blank=True, on_delete=models.CASCADE, related_name="allocations"
-    )
-    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="allocations")
-    replica = models.PositiveIntegerField(default=0)
+    workload = models.ForeignKey("workloads.Workload", on_delete=models.CASCADE, related_name="allocations")
+    podset = models.ForeignKey("workloads.PodSet", on_delete=models.CASCADE, related_name="allocations")
+    replica = models.PositiveIntegerField(default=0)  # within its pod set
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["gpu_id", "id"]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(instance__isnull=False, job__isnull=True) | Q(instance__isnull=True, job__isnull=False),
-                name="allocation_one_holder",
-            ),
             models.CheckConstraint(condition=Q(fraction__gt=0) & Q(fraction__lte=1), name="allocation_fraction"),
         ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.podset_id is None and self.workload_id is not None:  # a kind with one pod set: that one
+            self.podset = self.workload.podsets.order_by("position").first()
+        super().save(*args, **kwargs)

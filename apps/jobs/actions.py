@@ -186,7 +186,7 @@ def do_cancel_job(job: Job, *, acting_user: Any, origin: Origin = SYSTEM) -> Job
         if job.is_final:
             raise Conflict(f"Job {job.name} has already finished ({job.get_state_display().lower()}).")
         previous = job.state
-        Allocation.objects.filter(job=job).delete()
+        Allocation.objects.filter(workload=job).delete()
         job.state = Job.State.CANCELLED
         job.finished_at = timezone.now()
         job.attempt_set.filter(finished_at__isnull=True).update(
@@ -225,7 +225,7 @@ def do_preempt_job(
         if job.state not in (Job.State.ADMITTED, Job.State.RUNNING):
             return job
         previous = job.state
-        Allocation.objects.filter(job=job).delete()
+        Allocation.objects.filter(workload=job).delete()
         _close_attempt(job, "preempted", reason)
         if job.started_at is None:
             back_in_line(job, f"requeued after preemption: {reason}")
@@ -305,7 +305,7 @@ def back_in_line(job: Job, wait_reason: str, *, backoff_s: float = 0.0) -> None:
     """The one way a job goes back to QUEUED (the caller saves it): its GPUs and cluster given up,
     its run and any start under way forgotten, its place in the queue kept (its `seq`), and not
     admitted again before `backoff_s` has passed."""
-    Allocation.objects.filter(job=job).delete()
+    Allocation.objects.filter(workload=job).delete()
     job.state = Job.State.QUEUED
     job.admitted_at = job.started_at = None
     job.cluster = None
@@ -345,7 +345,7 @@ def record_job_progress(job: Job, fraction: float) -> None:
 def record_job_end(job: Job, state: str, *, exit_code: int | None, reason: str) -> None:
     """Record a job's end: its outcome, its attempt, its GPUs back, a cycle for what waits."""
     now = timezone.now()
-    Allocation.objects.filter(job=job).delete()
+    Allocation.objects.filter(workload=job).delete()
     job.state = state
     job.exit_code = exit_code
     job.finished_at = now

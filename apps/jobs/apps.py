@@ -7,6 +7,8 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.jobs.hosting import JobKind
-        from apps.workloads import host
+        from apps.jobs.kind import JOB
+        from apps.workloads import host, kinds
 
+        kinds.register(JOB)
         host.register(JobKind())

@@ -24,7 +24,7 @@ from apps.jobs.models import Job
 from apps.workloads.host import STOP_GRACE_S, Kind, Phase
 from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
-from workers.backends.base import Backend, Endpoint, JobSpec, Progress, Status
+from workers.backends.base import Endpoint, JobSpec, Progress, Status
 from workers.backends.files import open_inside
 
 
@@ -65,7 +65,7 @@ class JobKind(Kind):
 
     def spec(self, job: Job) -> JobSpec:
         devices: dict[int, list[str]] = defaultdict(list)
-        allocations = Allocation.objects.filter(job=job).order_by("replica", "gpu__index")
+        allocations = Allocation.objects.filter(workload=job).order_by("replica", "gpu__index")
         for replica, index in allocations.values_list("replica", "gpu__index"):
             devices[replica].append(str(index))
         return JobSpec(
@@ -103,14 +103,18 @@ class JobKind(Kind):
         if progress is not None and progress.fraction is not None:
             actions.record_job_progress(row, progress.fraction)
 
-    def record_exit(self, row: Job, backend: Backend, status: Status, progress: Progress | None) -> None:
+    def changes(self, row: Job, progress: Progress | None, observed: Any) -> bool:
+        """Only progress that moved is written while a job runs (``record_job_progress``)."""
+        return progress is not None and progress.fraction is not None and progress.fraction != row.progress
+
+    def record_exit(self, row: Job, status: Status, progress: Progress | None) -> None:
         # Its end is recorded with its artifacts, read once this transaction committed (`ended`).
         if progress is not None and progress.fraction is not None:
             row.progress = progress.fraction
         actions.record_job_exit(row, exit_code=status.exit_code, reason=status.message)
 
-    def record_stop(self, row: Job, backend: Backend | None) -> None:
-        actions.record_job_stop(row, ran=backend is not None)
+    def record_stop(self, row: Job, ran: bool) -> None:
+        actions.record_job_stop(row, ran=ran)
 
     def ended(self, row: Job) -> None:
         """Without workers, this process records the artifacts it marked waiting (with them, a

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
-from django.core.validators import MaxValueValidator
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from apps.names import validate_dns_label
-from apps.scheduling.models import Workload
+from apps.names import validate_gpu_type
+from apps.workloads.models import PodSet, Workload, single_pod_set
 
 
 class Job(Workload):
@@ -17,20 +19,33 @@ class Job(Workload):
         CANCELLED = "CANCELLED", "Cancelled"
         PREEMPTED = "PREEMPTED", "Preempted"
 
+    KIND = "job"
+    # Its workload row (its id is the workload's); `workload.as_job` is this detail row.
+    workload_ptr = models.OneToOneField(
+        Workload, on_delete=models.CASCADE, parent_link=True, primary_key=True, related_name="as_job"
+    )
+    INITIAL_STATE = State.QUEUED
     ACTIVE_STATES = (State.QUEUED, State.ADMITTED, State.RUNNING, State.PREEMPTED)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
-    workspace = models.ForeignKey("workspaces.Workspace", on_delete=models.CASCADE, related_name="jobs")
-    name = models.CharField(max_length=63, validators=[validate_dns_label])
     description = models.CharField(max_length=2000, blank=True)
     command = models.TextField(blank=True, max_length=100_000)
     image = models.CharField(max_length=300, blank=True)
     env = models.JSONField(default=dict, blank=True)
     artifact_paths = models.JSONField(default=list, blank=True)
-    preemptible = models.BooleanField(default=True)
+    # What it asks for, per replica; a gang of `replicas` is admitted all at once or not at all.
+    gpu_type = models.CharField(max_length=32, blank=True, validators=[validate_gpu_type])
+    gpus_per_replica = models.DecimalField(
+        max_digits=7,
+        decimal_places=3,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1024"))],
+    )
+    replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)])
+    cpu_cores = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(4096)])
+    memory_gb = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(65536)])
     checkpointable = models.BooleanField(default=False, help_text="Gets a grace signal before preemption.")
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True, validators=[MaxValueValidator(366 * 86400)])
-    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     failure_reason = models.CharField(max_length=2000, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
@@ -47,10 +62,16 @@ class Job(Workload):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["workspace", "state"])]
 
     def __str__(self) -> str:
         return f"{self.workspace}/{self.name}#{self.pk}"
+
+    def pod_sets(self) -> list[PodSet]:
+        return [single_pod_set(self)]
+
+    @property
+    def total_gpus(self) -> Decimal:
+        return self.gpus_per_replica * self.replicas
 
     @property
     def is_final(self) -> bool:
@@ -80,7 +101,10 @@ class JobAttempt(models.Model):
 
 
 class Artifact(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    """A file a workload left under its artifact paths: a job's, or a Ray cluster's (the column
+    keeps its name; it holds a workload)."""
+
+    job = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="artifacts")
     path = models.CharField(max_length=1000)
     size_bytes = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)

@@ -16,26 +16,24 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import Count, F, Min, Q, Sum
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
-from apps.compute.models import Instance, Notebook
 from apps.inventory.models import GPU, Allocation, Node
-from apps.jobs.models import Job
 from apps.monitoring.models import SchedulerStats
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import FRESH_S, RAW
+from apps.workloads.kinds import KINDS
+from apps.workloads.models import PodSet, Workload
 from apps.workspaces.models import GPUQuota
 
 # How long workloads waited from submission to their start, in seconds: the histogram's buckets.
 WAIT_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 21600, 86400)
 # Preemption reasons, as the scheduler words them (apps/scheduling/preemption.py).
 PREEMPTION_REASONS = {"quota": "preempted to give workspace", "priority": "preempted for higher-priority"}
-SCHEDULED = {"job": Job, "instance": Instance}
 NO_GPU = ""  # the gpu_type label of work that asks for no GPU
 
 
@@ -70,12 +68,28 @@ class PortalCollector(Collector):
         )
         asked: dict[tuple[str, str], Decimal] = {}
         first: dict[tuple[str, str], Any] = {}
-        for kind, model in SCHEDULED.items():
-            rows = (
-                model.objects.filter(state=model.State.QUEUED)
-                .values_list("workspace__name", "gpu_type")
-                .annotate(n=Count("pk"), gpus=Sum(F("gpus_per_replica") * F("replicas")), since=Min("created_at"))
+        for kind, info in sorted(KINDS.items()):
+            if info.scheduling is None:
+                continue
+            waiting = PodSet.objects.filter(workload__kind=kind, workload__state=info.scheduling.queued)
+            with_gpus = (
+                waiting.filter(gpus__gt=0)
+                .values_list("workload__workspace__name", "gpu_type")
+                .annotate(
+                    n=Count("workload", distinct=True),
+                    gpus=Sum(F("gpus") * F("replicas")),
+                    since=Min("workload__created_at"),
+                )
+                .order_by()
             )
+            without = (
+                Workload.objects.filter(kind=kind, state=info.scheduling.queued)
+                .exclude(podsets__gpus__gt=0)
+                .values_list("workspace__name")
+                .annotate(n=Count("pk"), since=Min("created_at"))
+                .order_by()
+            )
+            rows = [*with_gpus, *((workspace, NO_GPU, n, 0, since) for workspace, n, since in without)]
             for workspace, gpu_type, n, total, since in rows:
                 key = (workspace, gpu_type or NO_GPU)
                 length.add_metric([*key, kind], n)
@@ -108,8 +122,7 @@ class PortalCollector(Collector):
             "gpuportal_workspace_gpus_allocated",
             "GPUs held by each workspace's workloads.",
             ["workspace", "gpu_type"],
-            Allocation.objects.annotate(workspace=Coalesce("job__workspace__name", "instance__workspace__name"))
-            .values_list("workspace", "gpu__gpu_type")
+            Allocation.objects.values_list("workload__workspace__name", "gpu__gpu_type")
             .annotate(n=Sum("fraction"))
             .order_by(),
         )
@@ -165,20 +178,23 @@ class PortalCollector(Collector):
 
     def _workloads(self) -> Iterator[Metric]:
         states = GaugeMetricFamily("gpuportal_workloads", "Workloads, by kind and state.", labels=["kind", "state"])
-        for kind, model in (("job", Job), ("instance", Instance), ("notebook", Notebook)):
-            counted = dict(model.objects.values_list("state").annotate(n=Count("pk")).order_by())
-            for state in model.State.values:  # every state, 0 included, so a series never vanishes
-                states.add_metric([kind, state], counted.get(state, 0))
-        yield states
-        events = dict(
-            AuditEvent.objects.filter(action__in=[e.value for e in _COUNTED])
-            .values_list("action")
-            .annotate(n=Count("pk"))
+        counted = dict(
+            ((kind, state), n)
+            for kind, state, n in Workload.objects.values_list("kind", "state").annotate(n=Count("pk")).order_by()
         )
-        for name, doc, labels, series in _COUNTERS:
+        for kind, info in sorted(KINDS.items()):
+            for state in info.states:  # every state, 0 included, so a series never vanishes
+                states.add_metric([kind, state], counted.get((kind, state), 0))
+        yield states
+        counters = _counters()
+        counted = {str(event) for _, _, _, series in counters for _, event in series}
+        events = dict(
+            AuditEvent.objects.filter(action__in=counted).values_list("action").annotate(n=Count("pk")).order_by()
+        )
+        for name, doc, labels, series in counters:
             family = CounterMetricFamily(name, doc, labels=labels)
             for values, event in series:
-                family.add_metric(values, events.get(event.value, 0))
+                family.add_metric(values, events.get(str(event), 0))
             yield family
         preemptions = CounterMetricFamily(
             "gpuportal_preemptions", "Workloads preempted by the scheduler, by reason.", labels=["reason"]
@@ -220,8 +236,10 @@ class PortalCollector(Collector):
         family = HistogramMetricFamily(
             "gpuportal_wait_seconds", "Time from submission to start, of workloads that started.", labels=["kind"]
         )
-        for kind, model in SCHEDULED.items():
-            started = model.objects.filter(started_at__isnull=False)
+        for kind, info in sorted(KINDS.items()):
+            if info.scheduling is None:
+                continue
+            started = Workload.objects.filter(kind=kind, started_at__isnull=False)
             wait = F("started_at") - F("created_at")
             counts = started.aggregate(
                 total=Count("pk"),
@@ -238,36 +256,29 @@ class PortalCollector(Collector):
         return family
 
 
-_COUNTED = (
-    Event.JOB_ADMIT,
-    Event.INSTANCE_ADMIT,
-    Event.JOB_SUBMIT,
-    Event.INSTANCE_LAUNCH,
-    Event.NOTEBOOK_LAUNCH,
-    Event.JOB_FAILED,
-    Event.INSTANCE_FAIL,
-    Event.NOTEBOOK_FAIL,
-)
-_COUNTERS = (
-    (
-        "gpuportal_admissions",
-        "Workloads admitted by the scheduler.",
-        ["kind"],
-        ((["job"], Event.JOB_ADMIT), (["instance"], Event.INSTANCE_ADMIT)),
-    ),
-    (
-        "gpuportal_submissions",
-        "Workloads submitted or launched.",
-        ["kind"],
-        ((["job"], Event.JOB_SUBMIT), (["instance"], Event.INSTANCE_LAUNCH), (["notebook"], Event.NOTEBOOK_LAUNCH)),
-    ),
-    (
-        "gpuportal_workload_failures",
-        "Workloads that failed (their backend, their start or their own code).",
-        ["kind"],
-        ((["job"], Event.JOB_FAILED), (["instance"], Event.INSTANCE_FAIL), (["notebook"], Event.NOTEBOOK_FAIL)),
-    ),
-)
+def _counters() -> tuple[tuple[str, str, list[str], tuple[tuple[list[str], str], ...]], ...]:
+    """The counters of audit events, by kind: admissions, submissions, failures."""
+    kinds = sorted(KINDS.items())
+    return (
+        (
+            "gpuportal_admissions",
+            "Workloads admitted by the scheduler.",
+            ["kind"],
+            tuple(([name], info.scheduling.admit_event) for name, info in kinds if info.scheduling is not None),
+        ),
+        (
+            "gpuportal_submissions",
+            "Workloads submitted or launched.",
+            ["kind"],
+            tuple(([name], info.submit_event) for name, info in kinds),
+        ),
+        (
+            "gpuportal_workload_failures",
+            "Workloads that failed (their backend, their start or their own code).",
+            ["kind"],
+            tuple(([name], info.fail_event) for name, info in kinds),
+        ),
+    )
 
 
 def registry() -> CollectorRegistry:

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
-from apps.compute.models import Instance
 from apps.inventory.models import Allocation, Cluster
-from apps.jobs.models import Job
 from apps.scheduling.trigger import request_workload
+from apps.workloads.kinds import kind, scheduled
+from apps.workloads.models import PodSet, Workload
 from apps.workspaces.live import notify
 
 
@@ -28,6 +28,8 @@ class AdmittedDevice:
 class AdmittedReplica:
     node: str  # as the audit names it
     devices: tuple[AdmittedDevice, ...]
+    podset_id: int = 0  # the pod set it is a replica of
+    index: int = 0  # its index within its pod set
 
 
 @dataclass(frozen=True)
@@ -47,21 +49,21 @@ class Admission:
         ]
 
 
-def do_admit_workload(row: Instance | Job, admission: Admission) -> bool:
-    """Admit a queued job (ADMITTED) or instance (PROVISIONING) on the GPUs of `admission` (the
-    scheduler's decision: no acting user), and ask the worker to start it once committed.
+def do_admit_workload(row: Workload, admission: Admission) -> bool:
+    """Admit a queued workload (to its kind's admitted state: a job ADMITTED, an instance
+    PROVISIONING) on the GPUs of `admission` (the scheduler's decision: no acting user), and ask
+    the worker to start it once committed.
 
     Returns False, changing nothing else, if the workload is no longer queued (cancelled or deleted
     since the cycle's snapshot), or if its cluster is disabled: then it stays queued, saying so. Its
     allocations are checked by the database: an `IntegrityError` (a GPU shared above one) undoes
     the whole admission, and the caller's transaction goes on."""
-    model = type(row)
-    is_job = isinstance(row, Job)
-    new_state = Job.State.ADMITTED if is_job else Instance.State.PROVISIONING
+    traits = scheduled()[row.kind]
+    new_state = traits.admitted
     with transaction.atomic():
         if _waits_for_disabled_cluster(row, admission.cluster_id):
             return False
-        claimed = model.objects.filter(pk=row.pk, state=model.State.QUEUED).update(
+        claimed = Workload.objects.filter(pk=row.pk, state=traits.queued).update(
             state=new_state,
             admitted_at=timezone.now(),
             cluster_id=admission.cluster_id,
@@ -72,28 +74,39 @@ def do_admit_workload(row: Instance | Job, admission: Admission) -> bool:
         )
         if not claimed:
             return False
-        holder = {"job_id": row.pk} if is_job else {"instance_id": row.pk}
+        # Replicas that do not name their pod set are the GPU pod sets' replicas, in order.
+        places = [
+            (podset.pk, index)
+            for podset in PodSet.objects.filter(workload_id=row.pk, gpus__gt=0).order_by("position")
+            for index in range(podset.replicas)
+        ]
         Allocation.objects.bulk_create(
-            Allocation(gpu_id=device.gpu_id, fraction=device.share, replica=r, **holder)
-            for r, replica in enumerate(admission.replicas)
+            Allocation(
+                gpu_id=device.gpu_id,
+                fraction=device.share,
+                workload_id=row.pk,
+                podset_id=replica.podset_id or places[n][0],
+                replica=replica.index if replica.podset_id else places[n][1],
+            )
+            for n, replica in enumerate(admission.replicas)
             for device in replica.devices
         )
         do_log_event(
-            Event.JOB_ADMIT if is_job else Event.INSTANCE_ADMIT,
-            row,
+            Event(traits.admit_event),
+            kind(row.kind).model.objects.get(pk=row.pk),  # the event names the kind's own row
             workspace=row.workspace,
             data={"placement": admission.placement(), "borrowed": str(admission.borrowed)},
         )
-        notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": new_state})
-        request_workload("job" if is_job else "instance", row.pk)
+        notify(row.workspace_id, row.kind, {"id": row.pk, "state": new_state})
+        request_workload(row.kind, row.pk)
     return True
 
 
-def _waits_for_disabled_cluster(row: Instance | Job, cluster_id: int | None) -> bool:
+def _waits_for_disabled_cluster(row: Workload, cluster_id: int | None) -> bool:
     """Work without GPUs is placed on no node, so its cluster may be off: it waits, saying why."""
     disabled = Cluster.objects.filter(pk=cluster_id, enabled=False).values_list("name", flat=True).first()
     if disabled is None:
         return False
     reason = f"Cluster {disabled} is disabled: waiting until an admin enables it."
-    type(row).objects.filter(pk=row.pk, state=type(row).State.QUEUED).update(wait_reason=reason)
+    Workload.objects.filter(pk=row.pk, state=scheduled()[row.kind].queued).update(wait_reason=reason)
     return True

@@ -12,19 +12,18 @@ from statistics import median
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F, Sum, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster, Node
-from apps.jobs.actions import do_preempt_job, do_requeue_unready_job, unready_backoff_s
-from apps.jobs.models import Job
 from apps.scheduling import engine
 from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
 from apps.scheduling.models import FairShareUsage
 from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
+from apps.workloads.kinds import scheduled
+from apps.workloads.models import PodSet, Workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -33,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Any fixed number: it names the advisory lock that keeps two cycles from running at once.
 _CYCLE_LOCK_ID = 7_400_113
 
-Row = Instance | Job
+Row = Workload
 
 
 @dataclass
@@ -57,7 +56,22 @@ def policy() -> engine.Policy:
 
 
 def _key(row: Row) -> str:
-    return f"{'job' if isinstance(row, Job) else 'instance'}:{row.pk}"
+    return f"{row.kind}:{row.pk}"
+
+
+def gpu_pod_sets(row: Row) -> list[PodSet]:
+    """Its pod sets that hold GPUs, in order: the engine places these (the others hold none)."""
+    return [podset for podset in row.podsets.all() if podset.gpus > 0]
+
+
+def _shape(row: Row) -> tuple[str, Decimal, int, tuple[tuple[Decimal, int], ...]]:
+    """The engine's shape of a workload: GPU type, the first GPU pod set's GPUs per replica and
+    replicas, and the others'. A workload without GPUs is one replica of none."""
+    holding = gpu_pod_sets(row)
+    if not holding:
+        return "", Decimal("0"), 1, ()
+    first, *others = holding
+    return first.gpu_type, first.gpus, first.replicas, tuple((p.gpus, p.replicas) for p in others)
 
 
 def _ts(moment: datetime | None) -> float | None:
@@ -72,15 +86,26 @@ def _cluster_name(row: Row, *, pending: bool) -> str | None:
     return row.cluster.name if row.cluster_id else None
 
 
-def observed_runtimes(jobs: list[Job], now: datetime) -> dict[tuple[int, str], float]:
-    """The median run time, in seconds, of the last OBSERVED_RUNS jobs of each (workspace id, name)
-    of `jobs` that succeeded within OBSERVED_WITHIN_S: one query for all of them."""
-    wanted = {(job.workspace_id, job.name) for job in jobs}
+def observed_runtimes(rows: list[Row], now: datetime) -> dict[tuple[int, str], float]:
+    """The median run time, in seconds, of the last OBSERVED_RUNS runs of each (workspace id, name)
+    of `rows` (of kinds that estimate) that succeeded within OBSERVED_WITHIN_S: one query a kind."""
+    runs: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for kind, traits in scheduled().items():
+        if traits.succeeded is not None:
+            _observe(kind, traits.succeeded, [r for r in rows if r.kind == kind], now, runs)
+    return {key: median(seconds) for key, seconds in runs.items()}
+
+
+def _observe(
+    kind: str, succeeded: str, rows: list[Row], now: datetime, runs: dict[tuple[int, str], list[float]]
+) -> None:
+    wanted = {(row.workspace_id, row.name) for row in rows}
     if not wanted:
-        return {}
+        return
     recent = (
-        Job.objects.filter(
-            state=Job.State.SUCCEEDED,
+        Workload.objects.filter(
+            kind=kind,
+            state=succeeded,
             workspace_id__in={workspace for workspace, _ in wanted},
             name__in={name for _, name in wanted},
             started_at__isnull=False,
@@ -93,25 +118,29 @@ def observed_runtimes(jobs: list[Job], now: datetime) -> dict[tuple[int, str], f
         .order_by()
         .values_list("workspace_id", "name", "started_at", "finished_at")
     )
-    runs: dict[tuple[int, str], list[float]] = defaultdict(list)
     for workspace, name, started_at, finished_at in recent:
         if (workspace, name) in wanted:  # the filter above matches every pairing of the two sets
             runs[workspace, name].append(max(0.0, (finished_at - started_at).total_seconds()))
-    return {key: median(seconds) for key, seconds in runs.items()}
 
 
 def _as_workload(
-    row: Row, allocations: dict[str, list[Allocation]] | None, observed: dict[tuple[int, str], float]
+    row: Row,
+    allocations: dict[int, list[Allocation]] | None,
+    observed: dict[tuple[int, str], float],
+    details: dict[int, tuple[bool, float | None]],
 ) -> engine.Workload:
     """The engine's view of a row: pending when `allocations` is None, else running with its placement.
-    A job's runtime for estimates is what `observed` says of its name, and its declared limit; an
-    instance has neither."""
-    is_job = isinstance(row, Job)
+    Its runtime for estimates is what `observed` says of its name; `details` say whether it takes a
+    grace signal and its declared limit, where its kind has them."""
+    traits = scheduled()[row.kind]
+    checkpointable, limit = details.get(row.pk, (False, None))
+    gpu_type, gpus, replica_count, more = _shape(row)
     placement: tuple[engine.ReplicaPlacement, ...] = ()
     if allocations is not None:
-        replicas: dict[int, list[Allocation]] = defaultdict(list)
-        for allocation in allocations.get(_key(row), []):
-            replicas[allocation.replica].append(allocation)
+        position = {podset.pk: podset.position for podset in row.podsets.all()}
+        replicas: dict[tuple[int, int], list[Allocation]] = defaultdict(list)
+        for allocation in allocations.get(row.pk, []):
+            replicas[position.get(allocation.podset_id, 0), allocation.replica].append(allocation)
         placement = tuple(
             engine.ReplicaPlacement(
                 _node_name(held[0].gpu.node_id, held[0].gpu.gpu_type), tuple((a.gpu.index, a.fraction) for a in held)
@@ -121,17 +150,18 @@ def _as_workload(
     return engine.Workload(
         key=_key(row),
         workspace=row.workspace.name,
-        gpu_type=row.gpu_type,
-        gpus_per_replica=row.gpus_per_replica,
-        replicas=row.replicas,
+        gpu_type=gpu_type,
+        gpus_per_replica=gpus,
+        replicas=replica_count,
+        more=more,
         priority=row.priority,
-        seq=int(row.created_at.timestamp() * 1_000_000) * 10 + (1 if is_job else 0),
+        seq=int(row.created_at.timestamp() * 1_000_000) * 10 + (0 if traits.preempt is None else 1),
         submitted_at=row.created_at.timestamp(),
-        # Interactive instances are never preempted; jobs unless their owner said so.
-        preemptible=is_job and row.preemptible,  # type: ignore[union-attr]
-        checkpointable=is_job and row.checkpointable,  # type: ignore[union-attr]
-        expected_runtime_s=observed.get((row.workspace_id, row.name)) if is_job else None,
-        max_runtime_s=float(row.max_runtime_s) if is_job and row.max_runtime_s else None,  # type: ignore[union-attr]
+        # Kinds the scheduler never preempts (interactive instances); the others unless their owner said so.
+        preemptible=traits.preempt is not None and row.preemptible,
+        checkpointable=checkpointable,
+        expected_runtime_s=observed.get((row.workspace_id, row.name)) if traits.succeeded else None,
+        max_runtime_s=limit,
         eligible_at=_ts(row.eligible_at) or 0.0,
         started_at=_ts(row.started_at or row.admitted_at),
         cluster=_cluster_name(row, pending=allocations is None),
@@ -185,8 +215,8 @@ def _update_history(now: datetime, half_life_s: float, running: list[Row]) -> di
     """Decay each workspace's past use and add what ran since the last cycle; returns it per workspace."""
     in_use: dict[tuple[int, str], float] = defaultdict(float)
     for row in running:
-        if row.gpus_per_replica > 0:
-            in_use[row.workspace_id, row.gpu_type] += float(row.gpus_per_replica * row.replicas)
+        for podset in gpu_pod_sets(row):
+            in_use[row.workspace_id, podset.gpu_type] += float(podset.gpus * podset.replicas)
     rows = {(u.workspace_id, u.gpu_type): u for u in FairShareUsage.objects.select_for_update()}
     for key in in_use.keys() - rows.keys():
         rows[key] = FairShareUsage(workspace_id=key[0], gpu_type=key[1], gpu_seconds=0.0, updated_at=now)
@@ -236,25 +266,30 @@ class Loaded:
 def load_snapshot(now: datetime | None = None) -> Loaded:
     now = now or timezone.now()
     rules = policy()
-    instances = Instance.objects.select_related("workspace", "cluster", "requested_cluster")
-    jobs = Job.objects.select_related("workspace", "cluster", "requested_cluster")
-    pending: list[Row] = [*instances.filter(state=Instance.State.QUEUED), *jobs.filter(state=Job.State.QUEUED)]
-    running: list[Row] = [
-        *instances.filter(state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]),
-        *jobs.filter(state__in=[Job.State.ADMITTED, Job.State.RUNNING]),
-    ]
-    allocations: dict[str, list[Allocation]] = defaultdict(list)
+    kinds = scheduled()
+    rows = Workload.objects.select_related("workspace", "cluster", "requested_cluster").prefetch_related("podsets")
+    waiting, holding = models.Q(pk__in=[]), models.Q(pk__in=[])
+    for kind, traits in kinds.items():
+        waiting |= models.Q(kind=kind, state=traits.queued)
+        holding |= models.Q(kind=kind, state__in=traits.holding)
+    # Oldest first, as the engine's tie-break (seq) orders them too.
+    pending: list[Row] = list(rows.filter(waiting).order_by("created_at", "id"))
+    running: list[Row] = list(rows.filter(holding).order_by("created_at", "id"))
+    allocations: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in Allocation.objects.select_related("gpu"):
-        holder = f"job:{allocation.job_id}" if allocation.job_id else f"instance:{allocation.instance_id}"
-        allocations[holder].append(allocation)
+        allocations[allocation.workload_id].append(allocation)
     history = _update_history(now, rules.half_life_s, running)
     nodes, refs = _load_nodes()
-    observed = observed_runtimes([r for r in [*pending, *running] if isinstance(r, Job)], now) if pending else {}
+    observed = observed_runtimes([*pending, *running], now) if pending else {}
+    details: dict[int, tuple[bool, float | None]] = {}
+    for kind, traits in kinds.items():
+        if traits.details is not None:
+            details.update(traits.details(r.pk for r in [*pending, *running] if r.kind == kind))
     snapshot = engine.Snapshot(
         workspaces=_load_workspaces(history),
         nodes=nodes,
-        running=tuple(_as_workload(r, allocations, observed) for r in running if r.gpus_per_replica > 0),
-        pending=tuple(_as_workload(r, None, observed) for r in pending),
+        running=tuple(_as_workload(r, allocations, observed, details) for r in running if gpu_pod_sets(r)),
+        pending=tuple(_as_workload(r, None, observed, details) for r in pending),
         now=now.timestamp(),
         policy=rules,
     )
@@ -268,18 +303,22 @@ def _admit(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> bool:
     try:
         return do_admit_workload(row, _admission(row, decision, nodes))
     except IntegrityError:
-        logger.error("admission of %s %s refused: a device would be shared above one", type(row).__name__, row.pk)
+        logger.error("admission of %s refused: a device would be shared above one", _key(row))
         return False
 
 
 def _admission(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> Admission:
-    """The engine's decision in the database's terms: the cluster's id and each device's GPU id."""
+    """The engine's decision in the database's terms: the cluster's id, and each replica's pod set,
+    index within it and devices' GPU ids (the engine places the GPU pod sets' replicas in order)."""
+    places = [(podset.pk, index) for podset in gpu_pod_sets(row) for index in range(podset.replicas)]
     replicas = tuple(
         AdmittedReplica(
             replica.node,
             tuple(AdmittedDevice(index, nodes[replica.node].gpu_ids[index], share) for index, share in replica.devices),
+            podset_id=places[n][0],
+            index=places[n][1],
         )
-        for replica in decision.placement
+        for n, replica in enumerate(decision.placement)
     )
     return Admission(_cluster_id(row, decision.cluster), replicas, decision.borrowed)
 
@@ -309,9 +348,9 @@ def _record_pending(row: Row, reason: str, workspace_position: int | None, clust
     }
     if all(getattr(row, k) == v for k, v in values.items()):
         return
-    type(row).objects.filter(pk=row.pk, state=type(row).State.QUEUED).update(**values)
+    Workload.objects.filter(pk=row.pk, state=scheduled()[row.kind].queued).update(**values)
     live = {**values, "estimated_start_at": values["estimated_start_at"] and values["estimated_start_at"].isoformat()}
-    notify(row.workspace_id, row._meta.model_name or "", {"id": row.pk, "state": row.state, **live})
+    notify(row.workspace_id, row.kind, {"id": row.pk, "state": row.state, **live})
 
 
 def _lock_cycle() -> None:
@@ -332,8 +371,9 @@ def run_cycle() -> CycleResult:
         # Victims first: the workloads admitted for them take the devices they free.
         for preempt in decisions.preempted:
             row = loaded.rows[preempt.key]
-            if isinstance(row, Job):
-                do_preempt_job(row, reason=preempt.reason, grace_s=preempt.grace_s)
+            evict = scheduled()[row.kind].preempt
+            if evict is not None:
+                evict(row.pk, preempt.reason, preempt.grace_s)
                 result.preempted.append(preempt.key)
         evicted = {preempt.key for preempt in decisions.preempted}
         for admit in decisions.admitted:
@@ -359,11 +399,10 @@ def run_cycle() -> CycleResult:
 
 
 def requeue_unready_gangs() -> list[int]:
-    """Requeue admitted jobs whose replicas are not all running in time, with doubling backoff."""
+    """Requeue admitted gangs whose replicas are not all running in time, with doubling backoff."""
     timeout = settings.PORTAL_GANG_READY_TIMEOUT_S
-    late = Job.objects.filter(state=Job.State.ADMITTED, admitted_at__lt=timezone.now() - timedelta(seconds=timeout))
     requeued = []
-    for job in late:
-        do_requeue_unready_job(job, timeout_s=timeout, backoff_s=unready_backoff_s(job))
-        requeued.append(job.pk)
+    for traits in scheduled().values():
+        if traits.requeue_unready is not None:
+            requeued.extend(traits.requeue_unready(timeout))
     return requeued

@@ -109,6 +109,9 @@ Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousan
 
 
 def shape_of(workload: Workload) -> Shape:
+    """Its shape; several pod sets count as replicas of the widest (as preemption makes room)."""
+    if workload.more:
+        return (workload.gpu_type, workload.cluster, workload.widest_units, workload.all_replicas)
     return (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)
 
 
@@ -118,7 +121,7 @@ _item_shape: Callable[[Item], int] = itemgetter(3)
 
 def is_gang(workload: Workload) -> bool:
     """Several replicas, or more than one GPU: what may starve behind smaller work."""
-    return workload.replicas > 1 or workload.replica_units > UNIT
+    return workload.all_replicas > 1 or workload.widest_units > UNIT
 
 
 # --- The engine ----------------------------------------------------------------------------------
@@ -260,7 +263,7 @@ class Engine:
                 f"can hold at most {fmt_units(ceiling)}"
             )
         for pool in self._pools_for(workload):
-            if self._slots(pool, units) >= workload.replicas:
+            if all(self._slots(pool, share) >= replicas for share, replicas in workload.shapes if share):
                 return ""
         where = f"cluster {workload.cluster}" if workload.cluster else "no cluster"
         return f"can never run: {where} has room for {workload.replicas} x {fmt_units(units)} {gpu_type} at once"
@@ -356,6 +359,8 @@ class Engine:
         decisions.admitted.append(Admit(workload.key, pool.cluster if pool else None, placement, gpus_of(borrowed)))
 
     def _try_place(self, workload: Workload) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
+        if workload.more:
+            return self._try_place_pod_sets(workload)
         share = workload.replica_units
         for pool in self._pools_for(workload):
             if pool.free_units < share * workload.replicas:
@@ -370,6 +375,29 @@ class Engine:
                     return pool, placed
         return None
 
+    def _try_place_pod_sets(
+        self, workload: Workload
+    ) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
+        """Every pod set of the workload in one pool, each by its own shape, or none: its replicas
+        in order, the first pod set's first."""
+        for pool in self._pools_for(workload):
+            if pool.free_units < workload.units:
+                continue
+            placed: list[tuple[PoolNode, list[tuple[int, int]]]] = []
+            for share, replicas in workload.shapes:
+                if not share:
+                    continue
+                more = pool.place(share, replicas)
+                if more is None:
+                    for node, devices in reversed(placed):
+                        pool.give(node, devices)
+                    placed = []
+                    break
+                placed.extend(more)
+            else:
+                return pool, placed
+        return None
+
     def _ends_by(self, workload: Workload, moment: float | None) -> bool:
         """Whether `workload`, started now, is sure to end by `moment`: its declared limit says so."""
         limit = workload.max_runtime_s
@@ -378,7 +406,7 @@ class Engine:
     def _try_admit(self, workload: Workload, decisions: Decisions) -> tuple[str, str]:
         """Admit the workload if quota and placement fit; otherwise ("quota", "placement" or "held", why
         not): "held" when a starving gang of its workspace is owed the quota first."""
-        if workload.replica_units == 0:
+        if workload.units == 0:
             self._admit(workload, None, [], 0, decisions)
             return "", ""
         held = self._held_for_another(workload)
@@ -392,7 +420,9 @@ class Engine:
             return "placement", self._shortage(workload)
         found = self._try_place(workload)
         if found is None:
-            self.unplaceable[workload.gpu_type, workload.cluster].append((workload.replica_units, workload.replicas))
+            if not workload.more:
+                shape = (workload.replica_units, workload.replicas)
+                self.unplaceable[workload.gpu_type, workload.cluster].append(shape)
             self.memos += 1
             return "placement", self._shortage(workload)
         self._admit(workload, found[0], found[1], borrowed, decisions)
@@ -414,7 +444,7 @@ class Engine:
         replica placed takes one from the count of replicas of its size the free devices can hold, so
         a placement exists exactly when there are enough: a larger shape fits no better. Not for work
         that may backfill held nodes."""
-        if workload.max_runtime_s is not None and self.held_until:
+        if workload.more or (workload.max_runtime_s is not None and self.held_until):
             return False
         share, replicas = workload.replica_units, workload.replicas
         return any(
@@ -658,14 +688,14 @@ class Engine:
             if quota_key not in self.held_quota and workload.units <= self.ledger.nominal(*quota_key):
                 self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
             return
-        share = workload.replica_units
+        share = workload.widest_units
         for pool in self._pools_for(workload):
             if pool.held:
                 continue
             count = max(1, share // UNIT)
             candidates = sorted(pool.nodes.values(), key=lambda n: (-n.whole, n.name))
-            chosen = [n for n in candidates if n.capacity >= count][: workload.replicas]
-            if len(chosen) < workload.replicas:
+            chosen = [n for n in candidates if n.capacity >= count][: workload.all_replicas]
+            if len(chosen) < workload.all_replicas:
                 continue
             for node in chosen:
                 pool.hold(node)

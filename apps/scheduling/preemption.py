@@ -88,9 +88,9 @@ class Preemption:
         # fraction of a device is searched otherwise than whole devices).
         search = (
             name, gpu_type, workload.priority, entitled, workload.cluster, workload.max_runtime_s,
-            workload.replica_units < UNIT,
+            workload.widest_units < UNIT,
         )  # fmt: skip
-        share, replicas = workload.replica_units, workload.replicas
+        share, replicas = workload.widest_units, workload.all_replicas
         if any(s <= share and r <= replicas and b == borrowers for s, r, b in self.failed.get(search, ())):
             return []
         everyone = self.victims(workload, now, spared)
@@ -136,7 +136,7 @@ class Preemption:
         """Victims chosen node by node (`victims` cheapest first): on each node, the cheapest that
         free a replica's whole devices there; the nodes that take the fewest and cheapest; then, if
         quota still refuses, the cheapest others. [] if no choice makes room."""
-        share = workload.replica_units
+        share = workload.widest_units
         if share < UNIT or not victims:
             return []  # a fraction of one device: the cheapest first find it
         count = share // UNIT
@@ -158,10 +158,10 @@ class Preemption:
                 plan = self._free_on(node, count, on or [])
                 if plan is not None:
                     plans.append(((len(plan), -node.whole), plan))
-            if len(plans) < workload.replicas:
+            if len(plans) < workload.all_replicas:
                 continue
             plans.sort(key=lambda pair: pair[0])
-            picked = plans[: workload.replicas]
+            picked = plans[: workload.all_replicas]
             cost = (sum(c[0] for c, _ in picked),)
             if best is None or cost < best[0]:
                 chosen: list[RunningWork] = []

@@ -113,20 +113,35 @@ class Workload:
     started_at: float | None = None
     cluster: str | None = None
     placement: tuple[ReplicaPlacement, ...] = ()
+    # Its other pod sets of `gpu_type`, each (GPUs per replica, replicas), placed with the first:
+    # all together or none (a Ray cluster's head and workers).
+    more: tuple[tuple[Decimal, int], ...] = ()
 
     @property
     def total_gpus(self) -> Decimal:
-        return self.gpus_per_replica * self.replicas
+        return self.gpus_per_replica * self.replicas + sum((g * r for g, r in self.more), Decimal("0"))
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """Each pod set's (thousandths of a GPU per replica, replicas), the first one first."""
+        return ((self.replica_units, self.replicas), *((units_of(g), r) for g, r in self.more))
 
     # Thousandths of a GPU per replica and in all, worked out once (the scheduling pass asks for them
     # again and again).
+    # With several pod sets, preemption makes room for `all_replicas` replicas of the widest one's
+    # size (`widest_units`): enough for each, however they are placed.
     replica_units: int = field(init=False, repr=False, compare=False)
     units: int = field(init=False, repr=False, compare=False)
+    widest_units: int = field(init=False, repr=False, compare=False)
+    all_replicas: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         replica_units = units_of(self.gpus_per_replica)
+        more = [(units_of(g), r) for g, r in self.more]
         object.__setattr__(self, "replica_units", replica_units)
-        object.__setattr__(self, "units", replica_units * self.replicas)
+        object.__setattr__(self, "units", replica_units * self.replicas + sum(u * r for u, r in more))
+        object.__setattr__(self, "widest_units", max([replica_units, *(u for u, _ in more)]))
+        object.__setattr__(self, "all_replicas", self.replicas + sum(r for _, r in more))
 
 
 @dataclass(frozen=True)

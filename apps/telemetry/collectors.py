@@ -221,12 +221,11 @@ class SlurmCollector:
         held: dict[str, list[GPU]] = defaultdict(list)  # Slurm job id -> the devices its workload holds
         allocations = (
             Allocation.objects.filter(gpu__node__pool__cluster=self.cluster)
-            .select_related("gpu__node", "job", "instance")
+            .select_related("gpu__node", "workload")
             .order_by("gpu__node__name", "gpu__index", "id")
         )
         for allocation in allocations:
-            holder = allocation.job or allocation.instance
-            slurm_id = str((holder.backend_state or {}).get("job_id", "")) if holder else ""
+            slurm_id = str((allocation.workload.backend_state or {}).get("job_id", ""))
             if slurm_id.isdigit() and allocation.gpu not in held[slurm_id]:
                 held[slurm_id].append(allocation.gpu)
         if not held:

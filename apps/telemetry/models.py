@@ -20,8 +20,9 @@ class GpuSample(models.Model):
     temperature_c = models.FloatField(null=True, blank=True)
     power_w = models.FloatField(null=True, blank=True)
     # The work holding the device when it was measured (one of them where several share it).
-    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    instance = models.ForeignKey("compute.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    workload = models.ForeignKey(
+        "workloads.Workload", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     workspace = models.ForeignKey(
         "workspaces.Workspace", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -30,8 +31,7 @@ class GpuSample(models.Model):
         ordering = ["at", "id"]
         indexes = [
             models.Index(fields=["gpu", "resolution_s", "at"]),
-            models.Index(fields=["job", "at"]),
-            models.Index(fields=["instance", "at"]),
+            models.Index(fields=["workload", "at"], name="telemetry_sample_workload_at"),
             models.Index(fields=["workspace", "at"]),
         ]
 

@@ -82,12 +82,10 @@ def _rows(cluster: Cluster, readings: list[Reading], now: datetime) -> list[GpuS
     by_uuid = {gpu.uuid: gpu for gpu in gpus if gpu.uuid}
     by_place = {(gpu.node.name, gpu.index): gpu for gpu in gpus}
     by_index = {gpu.index: gpu for gpu in gpus} if len({gpu.node_id for gpu in gpus}) == 1 else {}
-    holders: dict[int, tuple[int | None, int | None, int | None]] = {}
-    held = Allocation.objects.filter(gpu__in=gpus).values_list(
-        "gpu_id", "job_id", "instance_id", "job__workspace_id", "instance__workspace_id"
-    )
-    for gpu_id, job_id, instance_id, job_workspace, instance_workspace in held.order_by("id"):
-        holders.setdefault(gpu_id, (job_id, instance_id, job_workspace or instance_workspace))
+    holders: dict[int, tuple[int | None, int | None]] = {}
+    held = Allocation.objects.filter(gpu__in=gpus).values_list("gpu_id", "workload_id", "workload__workspace_id")
+    for gpu_id, workload_id, workspace_id in held.order_by("id"):
+        holders.setdefault(gpu_id, (workload_id, workspace_id))
     rows = []
     for reading in readings:
         gpu = by_uuid.get(reading.uuid) or by_place.get((reading.node, reading.index))
@@ -95,7 +93,7 @@ def _rows(cluster: Cluster, readings: list[Reading], now: datetime) -> list[GpuS
             gpu = by_index.get(reading.index)
         if gpu is None:  # not in the inventory (yet): discovery adds it
             continue
-        job_id, instance_id, workspace_id = holders.get(gpu.pk, (None, None, None))
+        workload_id, workspace_id = holders.get(gpu.pk, (None, None))
         rows.append(
             GpuSample(
                 gpu=gpu,
@@ -106,8 +104,7 @@ def _rows(cluster: Cluster, readings: list[Reading], now: datetime) -> list[GpuS
                 memory_total_mb=max(0, reading.memory_total_mb),
                 temperature_c=reading.temperature_c,
                 power_w=reading.power_w,
-                job_id=job_id,
-                instance_id=instance_id,
+                workload_id=workload_id,
                 workspace_id=workspace_id,
             )
         )
@@ -138,8 +135,7 @@ def fold(now: datetime | None = None) -> int:
                 memory_total_mb=Max("memory_total_mb"),
                 temperature_c=Avg("temperature_c"),
                 power_w=Avg("power_w"),
-                job_id=Max("job_id"),
-                instance_id=Max("instance_id"),
+                workload_id=Max("workload_id"),
                 workspace_id=Max("workspace_id"),
             )
             .order_by()
@@ -155,8 +151,7 @@ def fold(now: datetime | None = None) -> int:
                     memory_total_mb=row["memory_total_mb"],
                     temperature_c=row["temperature_c"],
                     power_w=row["power_w"],
-                    job_id=row["job_id"],
-                    instance_id=row["instance_id"],
+                    workload_id=row["workload_id"],
                     workspace_id=row["workspace_id"],
                 )
                 for row in folded

@@ -178,7 +178,7 @@ def _detail_context(request: HttpRequest, workspace: Workspace, instance: Instan
         context["live_workspaces"] = [f"instance:{instance.pk}"]
     if instance.gpus_per_replica:
         url = reverse("web:instance-gpu", kwargs={"ws": workspace.name, "pk": instance.pk})
-        context.update(gpu_panel(instance=instance, url=url))
+        context.update(gpu_panel(workload_id=instance.pk, url=url))
     return context
 
 

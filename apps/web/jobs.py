@@ -1,12 +1,12 @@
-"""Jobs: the queue and history, the submit form, the detail page with its live log, cancel."""
+"""Jobs: the queue and history (the generic list, apps/web/generic.py), the submit form, the detail
+page with its live log, cancel."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import messages
-from django.core.paginator import Paginator
-from django.db.models import F, QuerySet
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -17,6 +17,7 @@ from apps.inventory.models import GPU
 from apps.jobs import actions
 from apps.jobs.api import JobSerializer
 from apps.jobs.models import Job
+from apps.web import generic
 from apps.web.common import (
     Errors,
     action_kwargs,
@@ -34,7 +35,6 @@ from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE
 from apps.workspaces.models import GPUQuota, Workspace
 
-PER_PAGE = 50
 TEXT_FIELDS = (
     "name",
     "description",
@@ -51,39 +51,88 @@ TEXT_FIELDS = (
     "artifact_paths",
 )
 DEFAULTS = {"gpus_per_replica": "1", "replicas": "1", "priority": "0", "cpu_cores": "1", "memory_gb": "4"}
-TABS = {
-    "queue": ("Queue", (Job.State.QUEUED, Job.State.ADMITTED, Job.State.PREEMPTED)),
-    "running": ("Running", (Job.State.RUNNING,)),
-    "finished": ("Finished", Job.FINAL_STATES),
-    "all": ("All", None),
-}
-
-
-def job_rows(workspace: Workspace, tab: str) -> QuerySet[Job]:
-    rows = Job.objects.filter(workspace=workspace).select_related("created_by")
-    states = TABS[tab][1]
-    if states is not None:
-        rows = rows.filter(state__in=states)
-    if tab == "queue":
-        return rows.order_by(F("workspace_queue_position").asc(nulls_last=True), "created_at", "id")
-    return rows
+# The queue, as the scheduler orders it: by position in the workspace, the unplaced last.
+QUEUE_ORDER = (F("workspace_queue_position").asc(nulls_last=True), "created_at", "id")
+LISTING = generic.Listing(
+    kind="job",
+    title="Jobs",
+    intro="Where each job stands in the queue, why it waits and when it should start.",
+    url_name="web:jobs",
+    rows=lambda workspace: Job.objects.filter(workspace=workspace).select_related("created_by"),
+    new_url_name="web:job-new",
+    new_label="Submit a job",
+    tabs=(
+        generic.Tab(
+            "queue",
+            "Queue",
+            (Job.State.QUEUED, Job.State.ADMITTED, Job.State.PREEMPTED),
+            "The queue is empty",
+            "Nothing waits for GPUs here. A job you submit runs as soon as the quota has room.",
+            order_by=QUEUE_ORDER,
+        ),
+        generic.Tab(
+            "running", "Running", (Job.State.RUNNING,), "Nothing running", "Queued jobs start here once admitted."
+        ),
+        generic.Tab(
+            "finished",
+            "Finished",
+            Job.FINAL_STATES,
+            "No finished jobs yet",
+            "Succeeded, failed and cancelled jobs are kept here with their logs and artifacts.",
+        ),
+        generic.Tab(
+            "all", "All", None, "No jobs yet", "A job runs a command or an image on GPUs, as a gang of replicas."
+        ),
+    ),  # fmt: skip
+    columns=(
+        generic.Column(
+            "Job",
+            '<a href="{% url \'web:job\' workspace.name obj.pk %}">{{ obj.name }}</a> <span class="muted small">'
+            '#{{ obj.pk }}</span>{% if obj.created_by %}<div class="muted small">by '
+            "{{ obj.created_by.get_username }}</div>{% endif %}",
+        ),
+        generic.Column(
+            "State",
+            '{% include "web/_state.html" with state=obj.state label=obj.get_state_display %}'
+            '{% if obj.state == "RUNNING" and obj.progress is not None %}<progress max="100" '
+            'value="{{ obj.progress|percent }}" aria-label="{{ obj.name }} progress">{{ obj.progress|percent }}%'
+            "</progress>{% endif %}",
+        ),
+        generic.Column(
+            "GPUs",
+            "{% if obj.gpus_per_replica %}{{ obj.replicas }} × {{ obj.gpus_per_replica|gpus }} {{ obj.gpu_type }}"
+            '{% else %}<span class="muted">none</span>{% endif %}',
+        ),
+        generic.Column(
+            "Queue position",
+            '{% if obj.state == "QUEUED" %}{{ obj.workspace_queue_position|default:"—" }}'
+            '{% if obj.cluster_queue_position %} <span class="muted small">({{ obj.cluster_queue_position }} in '
+            "cluster)</span>{% endif %}{% else %}—{% endif %}",
+            classes="num",
+            head_classes="num",
+        ),
+        generic.Column(
+            "Why it waits",
+            '{% if obj.state == "QUEUED" or obj.state == "PREEMPTED" %}'
+            '{{ obj.wait_reason|default:"waiting for the next scheduling cycle" }}'
+            '{% elif obj.state == "FAILED" %}{{ obj.failure_reason|truncatechars:120 }}{% endif %}',
+            classes="reason",
+        ),
+        generic.Column(
+            "Estimated start",
+            '{% if obj.state == "QUEUED" %}{{ obj.estimated_start_at|until }}{% elif obj.started_at %}'
+            '<span class="muted small">started {{ obj.started_at|date:"H:i" }}</span>{% else %}—{% endif %}',
+        ),
+        generic.Column(
+            "Submitted", '<time datetime="{{ obj.created_at|date:\'c\' }}">{{ obj.created_at|date:"j M, H:i" }}</time>'
+        ),
+    ),
+)
 
 
 @signed_in
 def job_list(request: HttpRequest, ws: str) -> HttpResponse:
-    workspace = workspace_for(request, ws)
-    tab = request.GET.get("tab", "queue")
-    if tab not in TABS:
-        tab = "queue"
-    context = {
-        "workspace": workspace,
-        "tab": tab,
-        "tabs": [(key, label) for key, (label, _) in TABS.items()],
-        "page_obj": Paginator(job_rows(workspace, tab), PER_PAGE).get_page(request.GET.get("page")),
-        "may_change": may_change(request, workspace),
-    }
-    template = "web/jobs/_table.html" if is_fragment(request) else "web/jobs/list.html"
-    return page(request, template, context)
+    return generic.list_page(request, ws, LISTING)
 
 
 def _lines(text: str) -> list[str]:
@@ -177,7 +226,9 @@ def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     }
     context["fragment"] = is_fragment(request)
     if not context["fragment"] and job.gpus_per_replica:
-        context.update(gpu_panel(job=job, url=reverse("web:job-gpu", kwargs={"ws": workspace.name, "pk": job.pk})))
+        context.update(
+            gpu_panel(workload_id=job.pk, url=reverse("web:job-gpu", kwargs={"ws": workspace.name, "pk": job.pk}))
+        )
     template = "web/jobs/_status.html" if context["fragment"] else "web/jobs/detail.html"
     return page(request, template, context)
 

@@ -134,7 +134,7 @@ def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     fragment = is_fragment(request)
     if not fragment and notebook.instance.gpus_per_replica:
         url = reverse("web:notebook-gpu", kwargs={"ws": workspace.name, "pk": notebook.pk})
-        context.update(gpu_panel(instance_id=notebook.instance_id, url=url))
+        context.update(gpu_panel(workload_id=notebook.instance_id, url=url))
     template = "web/notebooks/_status.html" if fragment else "web/notebooks/detail.html"
     return page(request, template, context)
 

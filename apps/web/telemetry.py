@@ -19,7 +19,7 @@ NO_TELEMETRY = (
 
 
 def has_telemetry(**holder: Any) -> bool:
-    """Whether any sample was taken of the GPUs this workload held (`job=` or `instance=`)."""
+    """Whether any sample was taken of the GPUs this workload held (`workload_id=`)."""
     return GpuSample.objects.filter(**holder).exists()
 
 
@@ -28,7 +28,7 @@ def gpu_panel(*, url: str, **holder: Any) -> dict[str, Any]:
     return {"gpu_panel": True, "has_telemetry": has_telemetry(**holder), "gpu_url": url, "no_telemetry": NO_TELEMETRY}
 
 
-def _answer(request: HttpRequest, **holder: Any) -> JsonResponse:
+def gpu_answer(request: HttpRequest, **holder: Any) -> JsonResponse:
     window = request.GET.get("window", "1h")
     series = utilisation_series(GpuSample.objects.filter(**holder), window if window in WINDOWS else "1h")
     if series is None:
@@ -40,17 +40,17 @@ def _answer(request: HttpRequest, **holder: Any) -> JsonResponse:
 def job_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
     workspace = workspace_for(request, ws)
     job = get_for(request, Job.objects.all(), pk=pk, workspace=workspace)
-    return _answer(request, job=job)
+    return gpu_answer(request, workload_id=job.pk)
 
 
 @signed_in
 def instance_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
     _workspace, instance = shared_for(request, ws, Instance.objects.select_related("workspace"), pk)
-    return _answer(request, instance=instance)
+    return gpu_answer(request, workload_id=instance.pk)
 
 
 @signed_in
 def notebook_gpu(request: HttpRequest, ws: str, pk: int) -> JsonResponse:
     """A notebook's GPUs are its instance's: the same samples, to whoever may see the notebook."""
     _workspace, notebook = shared_for(request, ws, Notebook.objects.select_related("workspace"), pk)
-    return _answer(request, instance_id=notebook.instance_id)
+    return gpu_answer(request, workload_id=notebook.instance_id)

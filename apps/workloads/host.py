@@ -17,12 +17,24 @@ shares, written once:
 A kind says only what is its own: its states, its spec, and the actions that record what
 happened (apps/jobs/actions.py, apps/compute/actions.py): the host calls them inside its short
 transaction, on the row it locked, and they write the state, the audit event and the live update.
+
+**No backend call under a row lock.** Every call of a backend (start, poll, progress, stop, state,
+logs, artifacts) and every read of what a workload left is made with no transaction open; the
+locked section re-reads the row, checks that it is still as it was when the backend was asked, and
+writes only what was read. The record hooks are handed what was read, never the backend.
+
+**One pass, one query per cluster.** A reconcile pass loads the workloads it watches in bulk, asks
+each cluster's backend about all of them at once where it can (``Backend.polling``: one ``squeue``
+and one ``sacct`` per Slurm cluster), and takes a row's lock only where something is to be written
+(an exit, progress that moved): a running workload that did not change costs no transaction.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -41,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 SWEEP_EVERY_S = 30.0
+LOAD_CHUNK = 1000
 
 
 class Phase(StrEnum):
@@ -63,8 +76,22 @@ class Kind:
     start_errors: ClassVar[tuple[type[Exception], ...]] = ()  # what `connect` may raise
 
     # -- reading
+    def rows(self) -> models.QuerySet[Any]:
+        """Its rows with what the host and the kind's hooks read of them joined in (one query)."""
+        return self.model.objects.select_related("workspace", self.cluster_field)
+
     def load(self, pk: int) -> Any | None:
-        return self.model.objects.select_related("workspace", self.cluster_field).filter(pk=pk).first()
+        return self.rows().filter(pk=pk).first()
+
+    def load_many(self, pks: list[int]) -> dict[int, Any]:
+        """Rows by id as a reconcile pass reads thousands of them to ask their backends: with their
+        cluster (one object per cluster, not one per row) and nothing else joined; what records a
+        change loads its row again, locked. In queries of ``LOAD_CHUNK`` ids."""
+        rows = self.model.objects.prefetch_related(self.cluster_field)
+        found: dict[int, Any] = {}
+        for at in range(0, len(pks), LOAD_CHUNK):
+            found.update(rows.in_bulk(pks[at : at + LOAD_CHUNK]))
+        return found
 
     def cluster(self, row: Any) -> Any:
         owner = row
@@ -118,8 +145,23 @@ class Kind:
     def record_progress(self, row: Any, progress: Progress | None) -> None:
         """It still runs (jobs record how far they are)."""
 
-    def record_exit(self, row: Any, backend: Backend, status: Status, progress: Progress | None) -> None:
-        """It ended by itself, for good (a kind that does not restart in place)."""
+    def changes(self, row: Any, progress: Progress | None, observed: Any) -> bool:
+        """Whether recording what was read of it while it runs (``record_progress``,
+        ``record_observed``) would change its row, as loaded: False lets the host take no lock and
+        open no transaction for it. Default: True, always recorded."""
+        return True
+
+    def observe(self, row: Any, backend: Backend) -> Any:
+        """While it runs, what the kind reads of it from its backend beyond ``poll()`` (a Ray
+        cluster's nodes), with no row locked; handed to ``record_observed``. Default: nothing."""
+        return None
+
+    def record_observed(self, row: Any, observed: Any) -> None:
+        """Record what ``observe`` read (on the locked row, while it runs)."""
+
+    def record_exit(self, row: Any, status: Status, progress: Progress | None) -> None:
+        """It ended by itself, for good (a kind that does not restart in place): ``status`` and
+        ``progress`` as its backend said them, read before the row was locked."""
         raise NotImplementedError
 
     def mark_restarting(self, row: Any) -> None:
@@ -128,7 +170,9 @@ class Kind:
     def before_stop(self, row: Any) -> None:
         """Before its backend stops it (an instance stops its notebooks first)."""
 
-    def record_stop(self, row: Any, backend: Backend | None) -> None:
+    def record_stop(self, row: Any, ran: bool) -> None:
+        """It was stopped: ``ran`` if its backend held it and was asked to stop it (else its start
+        was never recorded, or its backend had stopped it already)."""
         raise NotImplementedError
 
     def ended(self, row: Any) -> None:
@@ -182,7 +226,7 @@ def converge(kind_name: str, pk: int) -> Any | None:
     if phase is Phase.START:
         return start(kind, pk)
     if phase is Phase.WATCH:
-        return _watch(kind, pk)
+        return _watch(kind, pk, row)
     if phase is Phase.STOP:
         return stop(kind, pk)
     return row
@@ -193,7 +237,9 @@ def start(kind: Kind, pk: int, *, states: tuple[str, ...] | None = None) -> Any 
 
     A refusal or a permanent error is stopped, cleared and recorded as the kind's start failure,
     as is a start that overran the kind's timeout (``timed_out``: a job goes back in line, an
-    instance fails); a transient error is stopped, cleared and raised for the task to retry.
+    instance fails); a transient error is stopped, cleared and raised for the task to retry. A
+    start whose workload was cancelled, deleted or taken over meanwhile is stopped and cleared
+    once the lock that found it so is released.
     """
     states = states or kind.start_states
     held = claims.claim(kind.model, pk, states, kind.claim_timeout_s())
@@ -223,50 +269,78 @@ def start(kind: Kind, pk: int, *, states: tuple[str, ...] | None = None) -> Any 
                 row.start_claim = None
                 kind.record_start_failure(row, reason, timed_out=timed_out)
         return row
+    started = backend.get_state()
     with transaction.atomic():
         row = _locked(kind, pk)
-        if not claims.holds(row, held.token) or row.state not in states:
-            # cancelled, deleted or taken over while it started: what started is stopped
-            claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)
-            if kind.phase(row) is not Phase.WATCH:  # another start of it may have connected it
+        abandoned = not claims.holds(row, held.token) or row.state not in states
+        if abandoned:
+            # Cancelled, deleted or taken over while it started. Another start of it may have
+            # connected it and recorded that; its route (not a backend's) is removed only if not.
+            if kind.phase(row) is not Phase.WATCH:
                 kind.disconnect(row)
-            return row
-        restarted = states != kind.start_states  # started again in place
-        row.start_claim = None
-        row.backend_state = backend.get_state()
-        row.backend_stopped = False
-        kind.record_start(row, endpoint, restarted=restarted)
+        else:
+            row.start_claim = None
+            row.backend_state = started
+            row.backend_stopped = False
+            kind.record_start(row, endpoint, restarted=states != kind.start_states)  # again in place
+    if abandoned:  # what this start made is stopped, the row's lock released
+        claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)
     return row
 
 
-def _watch(kind: Kind, pk: int) -> Any | None:
-    """Ask the backend how the workload does, with no row locked; record an exit (or, for a kind
-    that restarts in place, start it again) if the row is still as it was."""
-    row = kind.load(pk)
+@dataclass(frozen=True)
+class Seen:
+    """What the host read of a workload that runs, with no row locked: the backend state it was
+    read with (the row is written only if it still holds that one), the backend's answer, and,
+    once it ended, the backend's state to record."""
+
+    state: dict[str, Any] | None
+    status: Status | None  # None: nothing recorded to ask about
+    progress: Progress | None = None
+    observed: Any = None
+    after: dict[str, Any] | None = None
+
+
+def _look(kind: Kind, row: Any) -> Seen:
+    """Ask the workload's backend how it does: ``poll()``, its progress, what its kind observes
+    and, once it ended, its state. No transaction may be open (checked by the tests)."""
+    state = row.backend_state
+    if state is None:
+        return Seen(None, None)
+    backend = backend_of(kind, row)
+    status = backend.poll()
+    progress = backend.progress() if status.running or not kind.restarts_in_place else None
+    observed = kind.observe(row, backend) if status.running else None
+    return Seen(state, status, progress, observed, None if status.running else backend.get_state())
+
+
+def _watch(kind: Kind, pk: int, row: Any | None = None) -> Any | None:
+    """Ask the backend how the workload does, with no row locked (``row``: as loaded, if it was);
+    record an exit (or, for a kind that restarts in place, start it again), or what moved while it
+    runs, if the row is still as it was."""
+    row = row if row is not None else kind.load(pk)
     if row is None:
         return None
-    state = row.backend_state
-    backend: Backend | None = None
-    if state is not None:
-        backend = backend_of(kind, row)
-        status = backend.poll()
-        progress = backend.progress() if status.running or not kind.restarts_in_place else None
+    seen = _look(kind, row)
     if kind.restarts_in_place:
-        if backend is not None and status.running:
+        if seen.status is not None and seen.status.running:
             return row
-        return _restart(kind, pk, state, status.message if backend is not None else "")
-    if backend is None:
+        return _restart(kind, pk, seen.state, seen.status.message if seen.status is not None else "")
+    if seen.status is None:
         return row
+    if seen.status.running and not kind.changes(row, seen.progress, seen.observed):
+        return row  # nothing to write: no lock
     with transaction.atomic():
         row = _locked(kind, pk)
-        if kind.phase(row) is not Phase.WATCH or row.backend_state != state:
+        if kind.phase(row) is not Phase.WATCH or row.backend_state != seen.state:
             return row  # changed meanwhile: the next converge looks again
-        if status.running:
-            kind.record_progress(row, progress)
+        if seen.status.running:
+            kind.record_progress(row, seen.progress)
+            kind.record_observed(row, seen.observed)
             return row
         row.backend_stopped = True
-        row.backend_state = backend.get_state()
-        kind.record_exit(row, backend, status, progress)
+        row.backend_state = seen.after
+        kind.record_exit(row, seen.status, seen.progress)
     kind.ended(row)
     return row
 
@@ -302,11 +376,14 @@ def stop(kind: Kind, pk: int) -> Any:
             return row
         kind.before_stop(row)
         state = row.backend_state
-        backend = None
-        if state is not None and not row.backend_stopped:
+        ran = state is not None and not row.backend_stopped
+        after = None
+        if ran:
             backend = backend_of(kind, row)
             backend.stop(kind.grace_s(row))  # raises if something survived: reconcile tries again
-            if not kind.keeps_state_after_stop:
+            if kind.keeps_state_after_stop:
+                after = backend.get_state()
+            else:
                 backend.clear_state()
         with transaction.atomic():
             row = _locked(kind, pk)
@@ -315,10 +392,10 @@ def stop(kind: Kind, pk: int) -> Any:
             if row.backend_state not in (None, state):
                 continue  # started again while it was being stopped
             row.start_claim = None
-            if backend is not None:
-                row.backend_state = backend.get_state() if kind.keeps_state_after_stop else None
+            if ran:
+                row.backend_state = after
                 row.backend_stopped = kind.keeps_state_after_stop
-            kind.record_stop(row, backend)
+            kind.record_stop(row, ran)
         kind.ended(row)
         return row
     raise BackendError(f"{kind.key(pk)} was started again while it was being stopped", permanent=False)
@@ -330,26 +407,66 @@ def stop(kind: Kind, pk: int) -> Any:
 def reconcile(*, sweep: bool = True) -> dict[str, int]:
     """Converge every workload a backend may hold, or that waits for a lost start, of every kind;
     then the kinds' own upkeep and, if `sweep`, the orphan sweep. One workload that fails is logged
-    and retried with backoff, so that it never wedges the loop."""
+    and retried with backoff, so that it never wedges the loop.
+
+    The workloads that run are loaded in bulk and their clusters asked about them all at once
+    (``polling``), before any is converged; those that start or stop are loaded one at a time."""
     counts = {"converged": 0, "sent": 0, "failed": 0, "orphans_stopped": 0}
     lost = timezone.now() - timedelta(seconds=settings.PORTAL_START_LOST_AFTER_S)
-    for kind in KINDS.values():
-        for pk in list(kind.due(lost)):
-            if not RECONCILE.due(kind.name, pk):
-                continue
-            try:
-                counts["sent" if _converge_or_send(kind, pk) else "converged"] += 1
-                RECONCILE.succeeded(kind.name, pk)
-            except Exception:  # per object, with backoff
-                counts["failed"] += 1
-                delay = RECONCILE.failed(kind.name, pk)
-                logger.exception("reconcile of %s failed; retrying in %.0f s", kind.key(pk), delay)
-        upkeep = getattr(kind, "upkeep", None)
-        if upkeep is not None:
-            counts.update(upkeep())
+    due = {name: [pk for pk in kind.due(lost) if RECONCILE.due(name, pk)] for name, kind in KINDS.items()}
+    watched = {name: _watched(kind, due[name]) for name, kind in KINDS.items()}
+    with polling(watched):
+        for name, kind in KINDS.items():
+            for pk in due[name]:
+                try:
+                    row = watched[name].get(pk)
+                    sent = False
+                    if row is not None:
+                        _watch(kind, pk, row)
+                    else:
+                        sent = _converge_or_send(kind, pk)
+                    counts["sent" if sent else "converged"] += 1
+                    RECONCILE.succeeded(name, pk)
+                except kind.model.DoesNotExist:  # deleted since the pass loaded it: nothing to converge
+                    RECONCILE.succeeded(name, pk)
+                except Exception:  # per object, with backoff
+                    counts["failed"] += 1
+                    delay = RECONCILE.failed(name, pk)
+                    logger.exception("reconcile of %s failed; retrying in %.0f s", kind.key(pk), delay)
+            upkeep = getattr(kind, "upkeep", None)
+            if upkeep is not None:
+                counts.update(upkeep())
     if sweep:  # reads /proc and squeue: the scheduler loop asks for it every SWEEP_EVERY_S
         counts["orphans_stopped"] = sweep_orphans()
     return counts
+
+
+def _watched(kind: Kind, pks: list[int]) -> dict[int, Any]:
+    """Of `pks`, the rows that run (their phase is WATCH), loaded in bulk."""
+    return {pk: row for pk, row in kind.load_many(pks).items() if kind.phase(row) is Phase.WATCH}
+
+
+@contextlib.contextmanager
+def polling(watched: dict[str, dict[int, Any]]) -> Iterator[None]:
+    """Within it, the backends of the clusters that run the `watched` rows (by kind, then id)
+    answer ``poll()`` from one query each made on entry, where they can (``Backend.polling``:
+    Slurm's squeue and sacct); the others ask as they would alone. A cluster that cannot be asked
+    now is logged, and its workloads asked one at a time."""
+    by_cluster: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
+    for name, rows in watched.items():
+        for row in rows.values():
+            cluster = KINDS[name].cluster(row)
+            if row.backend_state is not None and cluster is not None:
+                by_cluster.setdefault(cluster.pk, (cluster, []))[1].append(row.backend_state)
+    with contextlib.ExitStack() as stack:
+        for cluster, states in by_cluster.values():
+            try:
+                batch = getattr(backend_for(cluster), "polling", None)  # a backend without one: per poll
+                if batch is not None:
+                    stack.enter_context(batch(states))
+            except Exception:  # each workload is then asked alone, as without it
+                logger.warning("could not ask cluster %s about its workloads at once", cluster.name, exc_info=True)
+        yield
 
 
 # The kinds whose starts this loop makes itself once no worker has taken them within

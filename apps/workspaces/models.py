@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group
@@ -116,6 +117,24 @@ class Workspace(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def workloads_of(self, kind: str) -> Any:
+        """Its workloads of one kind, as that kind's rows (apps/workloads/kinds.py)."""
+        from apps.workloads.kinds import KINDS
+
+        return KINDS[kind].model.objects.filter(workspace=self)
+
+    @property
+    def jobs(self) -> Any:
+        return self.workloads_of("job")
+
+    @property
+    def instances(self) -> Any:
+        return self.workloads_of("instance")
+
+    @property
+    def notebooks(self) -> Any:
+        return self.workloads_of("notebook")
 
     def allows_gpu_type(self, gpu_type: str) -> bool:
         return not self.allowed_gpu_types or gpu_type in self.allowed_gpu_types

@@ -1,4 +1,5 @@
-"""GPU Portal's Python SDK: submit jobs and follow them, launch instances and notebooks.
+"""GPU Portal's Python SDK: submit jobs and follow them, launch instances, notebooks and Ray
+clusters (``gpuportal.ray``: CodeFlare's ``Cluster``, ``ClusterConfiguration`` and ``RayJob``).
 
 from gpuportal import Client
 
@@ -41,11 +42,16 @@ from gpuportal.models import (  # noqa: E402
     User,
     Workspace,
 )
+from gpuportal.ray import Cluster, ClusterConfiguration, CodeFlareClusterStatus, RayJob  # noqa: E402
+from gpuportal.rayclusters import ClusterStatus, RayCluster, RayNode  # noqa: E402
+from gpuportal.rayspec import RayClusterSpec  # noqa: E402
 from gpuportal.spec import JobSpec  # noqa: E402
 
 __all__ = [
-    "APIError", "Artifact", "ArtifactError", "AuthenticationError", "Client", "ComputeProfile", "ConfigError",
-    "Conflict", "GPUPortalError", "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook",
-    "NotebookProfile", "NotFound", "PermissionDenied", "PortalUnreachable", "QueueInfo", "ServerError",
-    "SpecError", "User", "ValidationError", "WaitTimeout", "WorkloadFailed", "Workspace", "__version__",
+    "APIError", "Artifact", "ArtifactError", "AuthenticationError", "Client", "Cluster", "ClusterConfiguration",
+    "ClusterStatus", "CodeFlareClusterStatus", "ComputeProfile", "ConfigError", "Conflict", "GPUPortalError",
+    "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound",
+    "PermissionDenied", "PortalUnreachable", "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode",
+    "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout", "WorkloadFailed", "Workspace",
+    "__version__",
 ]  # fmt: skip

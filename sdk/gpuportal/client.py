@@ -17,6 +17,7 @@ import httpx
 from gpuportal import __version__, config
 from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalUnreachable, ValidationError, error_for
 from gpuportal.models import User
+from gpuportal.rayclusters import RayClusters
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
@@ -27,7 +28,8 @@ RETRIES = 3
 class Client:
     """A connection to one portal, authenticated by an API token.
 
-    Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks`` and ``jobs``. Errors
+    Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks``, ``jobs`` and
+    ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it). Errors
     are raised as the typed exceptions of ``gpuportal.errors``, with the portal's message.
     """
 
@@ -58,6 +60,7 @@ class Client:
         self.instances = Instances(self)
         self.notebooks = Notebooks(self)
         self.jobs = Jobs(self)
+        self.ray_clusters = RayClusters(self)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Client:

@@ -22,6 +22,7 @@ from gpuportal.errors import (
     WorkloadFailed,
 )
 from gpuportal.models import (
+    Artifact,
     ComputeProfile,
     Instance,
     Job,
@@ -337,31 +338,45 @@ class Jobs(Resource):
         """Download the job's artifacts (those under `paths`, or all) into `dest`, each at its
         path in the job's directory, checked against the size and sha256 the portal recorded."""
         job = self.get(job_id)
-        wanted = [a for a in job.artifacts if paths is None or any(_under(a.path, p) for p in paths)]
-        if paths is not None and not wanted:
-            recorded = ", ".join(a.path for a in job.artifacts) or "none"
-            raise ArtifactError(f"Job {job.id} has no artifact under {', '.join(paths)} (it has: {recorded}).")
-        saved = []
-        root = Path(dest)
-        for artifact in wanted:
-            target = root / _safe_relative(artifact.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-            try:
-                with os.fdopen(fd, "w+b") as handle:
-                    size = self._client.download(f"jobs/{job.id}/artifact/", {"path": artifact.path}, handle)
-                    handle.seek(0)
-                    digest = _sha256(handle)
-                if size != artifact.size_bytes or (artifact.sha256 and digest != artifact.sha256):
-                    raise ArtifactError(
-                        f"{artifact.path}: got {size} bytes with sha256 {digest}, but the portal recorded "
-                        f"{artifact.size_bytes} bytes with sha256 {artifact.sha256}."
-                    )
-                os.replace(tmp, target)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-            saved.append(target)
-        return saved
+        return download_recorded(self._client, f"jobs/{job.id}/artifact/", f"Job {job.id}", job.artifacts, dest, paths)
+
+
+def download_recorded(
+    client: Client,
+    endpoint: str,
+    owner: str,
+    artifacts: list[Artifact],
+    dest: str | Path = ".",
+    paths: list[str] | None = None,
+) -> list[Path]:
+    """Download recorded artifacts (those under `paths`, or all) from `endpoint` into `dest`, each at
+    its path, checked against the size and sha256 the portal recorded. `owner` names the workload
+    in messages ("Job 12")."""
+    wanted = [a for a in artifacts if paths is None or any(_under(a.path, p) for p in paths)]
+    if paths is not None and not wanted:
+        recorded = ", ".join(a.path for a in artifacts) or "none"
+        raise ArtifactError(f"{owner} has no artifact under {', '.join(paths)} (it has: {recorded}).")
+    saved = []
+    root = Path(dest)
+    for artifact in wanted:
+        target = root / _safe_relative(artifact.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "w+b") as handle:
+                size = client.download(endpoint, {"path": artifact.path}, handle)
+                handle.seek(0)
+                digest = _sha256(handle)
+            if size != artifact.size_bytes or (artifact.sha256 and digest != artifact.sha256):
+                raise ArtifactError(
+                    f"{artifact.path}: got {size} bytes with sha256 {digest}, but the portal recorded "
+                    f"{artifact.size_bytes} bytes with sha256 {artifact.sha256}."
+                )
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        saved.append(target)
+    return saved
 
 
 def _sha256(handle: Any) -> str:

@@ -37,6 +37,7 @@ FIELDS = (
     "name", "workspace", "description", "command", "script", "image", "env", "gpus", "gpu_type", "replicas",
     "cpu_cores", "memory_gb", "priority", "preemptible", "checkpointable", "max_runtime", "artifacts", "cluster",
 )  # fmt: skip
+KINDS = ("job", "ray")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 NAME_RULE = "use 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -102,6 +103,12 @@ class JobSpec:
     ) -> JobSpec:
         """Check every field's type; ``script`` is read (relative to `base_dir`) into the command."""
         values = {ALIASES.get(str(k), str(k)): v for k, v in values.items()}
+        kind = spec_kind(values)
+        if kind != "job":
+            raise SpecError(
+                "a Ray spec: submit it with `gpuportal submit`, or client.ray_clusters.create()", field="kind"
+            )
+        values.pop("kind", None)
         unknown = [k for k in values if k not in FIELDS]
         if unknown:
             close = difflib.get_close_matches(unknown[0], FIELDS, n=1)
@@ -178,6 +185,14 @@ class JobSpec:
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         return body
+
+
+def spec_kind(values: Mapping[str, Any]) -> str:
+    """What a spec asks for: ``job`` (the default) or ``ray`` (a Ray cluster with an entrypoint)."""
+    kind = values.get("kind", "job")
+    if kind not in KINDS:
+        raise SpecError(f"should be one of {', '.join(KINDS)}, not {_describe(kind)}", field="kind")
+    return str(kind)
 
 
 def read_spec_file(path: Path) -> dict[str, Any]:

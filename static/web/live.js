@@ -1,6 +1,6 @@
 // Live updates: one WebSocket per workspace shown on the page (the admin console's pages: one for
-// the whole cluster). Each state change the portal pushes ({"kind": "job"|"instance"|"notebook",
-// "id": ..., "state": ...}) becomes a "live-<kind>" event and a "live-<kind>-<id>" event on
+// the whole cluster). Each state change the portal pushes ({"kind": "job"|"instance"|"notebook"|
+// "raycluster", "id": ..., "state": ...}) becomes a "live-<kind>" event and a "live-<kind>-<id>" event on
 // <body> (and "live-any", "live-batch"); page parts listen for them with
 // hx-trigger and re-render themselves from the server, so the server stays the one place that
 // formats a page. (A part about one object listens for its own event rather than filtering with
@@ -103,11 +103,14 @@
     });
   }
 
-  // A job's log, followed through the API while the job may still write to it.
-  const FINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  // A workload's log (a job's, a Ray cluster's), followed through the API while it may still write
+  // to it. The box names its kind's live events ("data-live-kind", a job's by default) and its id.
+  const FINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"]);
   function followLog(box) {
     const out = box.querySelector("pre");
     const picker = box.querySelector("select");
+    const kind = box.dataset.liveKind || "job";
+    const id = box.dataset.workloadId || box.dataset.jobId;
     let offset = 0, replica = 0, timer = null, running = false;
     async function tick() {
       if (running) return;
@@ -141,9 +144,9 @@
       tick();
     }
     if (picker) picker.addEventListener("change", () => { replica = Number(picker.value); offset = 0; out.textContent = ""; restart(); });
-    document.body.addEventListener("live-job", (event) => {
-      if (String(event.detail.id) === box.dataset.jobId && !timer) restart();
-      else if (String(event.detail.id) === box.dataset.jobId) tick();
+    document.body.addEventListener(`live-${kind}`, (event) => {
+      if (String(event.detail.id) === id && !timer) restart();
+      else if (String(event.detail.id) === id) tick();
     });
     restart();
   }
@@ -210,7 +213,7 @@
       clearTimeout(pending);
       pending = setTimeout(load, 400);
     }
-    ["live-job", "live-instance", "live-reconnected"].forEach((name) => document.body.addEventListener(name, soon));
+    ["live-job", "live-instance", "live-raycluster", "live-reconnected"].forEach((name) => document.body.addEventListener(name, soon));
     setInterval(load, 60000);  // the time axis moves on even when nothing changes
     load();
   }

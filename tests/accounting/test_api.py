@@ -261,7 +261,7 @@ def test_measured_use_is_reported_beside_what_was_held_where_telemetry_exists(us
     settings.PORTAL_TELEMETRY_EVERY_S = 10
     job = history.job(usage.team_a, usage.alice, [(NOV, NOV + timedelta(hours=2))], gpu_type="h100", gpus=Decimal(1))
     gpu = GPU.objects.first()
-    common = {"gpu": gpu, "memory_used_mb": 1, "memory_total_mb": 2, "job": job, "workspace": usage.team_a}
+    common = {"gpu": gpu, "memory_used_mb": 1, "memory_total_mb": 2, "workload": job, "workspace": usage.team_a}
     GpuSample.objects.bulk_create(
         [GpuSample(at=NOV + timedelta(seconds=10 * i), resolution_s=0, utilisation=50.0, **common) for i in range(30)]
         + [GpuSample(at=NOV + timedelta(hours=1), resolution_s=3600, utilisation=25.0, **common)]

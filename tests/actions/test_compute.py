@@ -227,7 +227,7 @@ def test_it_releases_gpus_and_stops_notebooks_when_an_instance_is_deleted(world:
     notebook = check_launch_notebook(
         world.team_a, instance=instance, name="nb", profile=world.minimal, acting_user=world.alice
     )
-    assert Allocation.objects.filter(instance=instance).count() == 1
+    assert Allocation.objects.filter(workload=instance).count() == 1
 
     deleted = do_delete_instance(instance, acting_user=world.alice)
 

@@ -132,13 +132,13 @@ def test_it_removes_vanished_gpus_unless_a_workload_holds_them(world: World) -> 
         world.team_a, name="t", command="c", gpu_type="h100", gpus_per_replica=Decimal(1), acting_user=world.alice
     )
     run_cycle()
-    [held] = Allocation.objects.filter(job=job).values_list("gpu__index", flat=True)
+    [held] = Allocation.objects.filter(workload=job).values_list("gpu__index", flat=True)
     survivors = {0, 1, held}
 
     do_sync_local_cluster(parse_declared("2xh100"))
 
     assert {index for index, _ in local_gpus()} == survivors
-    assert Allocation.objects.filter(job=job).count() == 1
+    assert Allocation.objects.filter(workload=job).count() == 1
 
 
 def test_it_uses_the_declared_inventory_where_nvml_finds_no_gpu(db: None, settings: Any, monkeypatch: Any) -> None:

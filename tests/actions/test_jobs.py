@@ -166,7 +166,7 @@ def test_it_queues_a_job_that_fits_the_quota_but_not_what_is_free_now(world: Wor
 def test_it_releases_gpus_when_a_job_is_cancelled(world: World, run_cycles: Any) -> None:
     with run_cycles():
         job = submit(world, "2", replicas=2)
-    assert Allocation.objects.filter(job=job).count() == 4
+    assert Allocation.objects.filter(workload=job).count() == 4
 
     cancelled = do_cancel_job(job, acting_user=world.alice)
 

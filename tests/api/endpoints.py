@@ -40,6 +40,8 @@ from apps.invitations.actions import do_invite
 from apps.invitations.models import Invitation
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
+from apps.rayclusters.actions import check_create_cluster
+from apps.rayclusters.models import RayCluster
 from apps.workspaces.actions import (
     do_create_workspace,
     do_save_cohort,
@@ -170,6 +172,15 @@ def stopped_notebook(world: World, workspace: Workspace) -> Notebook:
 
 def job(world: World, workspace: Workspace, name: str = "train") -> Job:
     return check_submit_job(workspace, name=name, command="python train.py", acting_user=acting(world, workspace))
+
+
+def ray_cluster(world: World, workspace: Workspace, name: str = "ray") -> RayCluster:
+    return check_create_cluster(workspace, name=name, workers=1, acting_user=acting(world, workspace))
+
+
+def more_ray_clusters(world: World, rows: range) -> None:
+    for i in rows:
+        ray_cluster(world, world.team_a, f"ray-{i}")
 
 
 def membership(world: World, workspace: Workspace) -> Any:
@@ -411,6 +422,8 @@ ENDPOINTS = [
     Endpoint("jobs", job, create=lambda w, ws: {"workspace": ws.name, "name": "train-2", "command": "python t.py",
                                                  "gpu_type": "h100", "gpus_per_replica": "0.50", "replicas": 2},
              actions=("cancel",), reads=("logs", "artifact"), more=more_jobs, workload_writes=True),
+    Endpoint("ray-clusters", ray_cluster, create=lambda w, ws: {"workspace": ws.name, "name": "ray-2", "workers": 1},
+             delete=True, reads=("logs", "artifact"), more=more_ray_clusters, workload_writes=True),
     Endpoint("clusters", lambda w, ws: Cluster.objects.get(name="local"), lookup="name", tenant=False,
              create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
              create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",

@@ -257,7 +257,7 @@ def test_it_hides_who_holds_another_tenants_gpu(world: World, django_capture_on_
     ]
     assert sorted(holders, key=bool) == [
         None,
-        {"kind": "instance", "id": mine.pk, "name": "box", "workspace": "team-a"},
+        {"kind": "instance", "id": mine.pk, "name": "box", "workspace": "team-a", "role": "main"},
     ]
 
 

@@ -105,6 +105,14 @@ def ns_inode(pid: int, kind: str) -> int:
     return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
 
 
+def live_ns_inode(pid: int, kind: str) -> int | None:
+    """`ns_inode`, or None for a process that ended meanwhile."""
+    try:
+        return ns_inode(pid, kind)
+    except FileNotFoundError:
+        return None
+
+
 def processes() -> Iterator[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -420,7 +428,7 @@ def test_no_process_outside_the_cluster_reaches_any_of_its_ports(cluster: Cluste
     ports = listening([f"/proc/{raypod}/net/tcp", f"/proc/{raypod}/net/tcp6"])
     assert {GCS_PORT, DASHBOARD_PORT} <= set(ports) and len(ports) > 10, ports
     # No process of the cluster is in the machine's network.
-    assert ns_inode(os.getpid(), "net") not in {ns_inode(pid, "net") for pid in pids if os.path.exists(f"/proc/{pid}")}
+    assert ns_inode(os.getpid(), "net") not in {inode for pid in pids if (inode := live_ns_inode(pid, "net"))}
 
     # A port some other process of the machine listens on (Redis on 6379, say) may answer; none
     # that a process of the cluster holds in the machine's network.

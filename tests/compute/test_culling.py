@@ -248,7 +248,7 @@ def test_gpus_measured_busy_keep_a_notebook_from_being_idle(world: World, settin
         assert last_activity(notebook, now) == now - timedelta(days=1)
         gpu = GPU.objects.first()
         assert gpu is not None and box.gpus_per_replica == Decimal(1)
-        sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "instance": box}
+        sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "workload": box}
         GpuSample.objects.create(at=now - timedelta(minutes=1), utilisation=90.0, **sample)
         assert last_activity(notebook, now) == now - timedelta(minutes=1)
         settings.PORTAL_CULL_GPU_BUSY_PERCENT = 95  # 90 % is under this threshold: quiet
@@ -273,7 +273,7 @@ def test_an_instance_is_culled_when_idle_only_where_its_gpus_are_measured(
     )
     Workspace.objects.filter(pk=world.team_a.pk).update(max_idle_s=3600)
     gpu = GPU.objects.first()
-    sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "instance": measured}
+    sample = {"gpu": gpu, "resolution_s": 0, "memory_used_mb": 1, "memory_total_mb": 2, "workload": measured}
     GpuSample.objects.create(at=now - timedelta(hours=2), utilisation=80.0, **sample)  # busy two hours ago
     GpuSample.objects.create(at=now - timedelta(seconds=5), utilisation=1.0, **sample)  # quiet since
 
@@ -301,5 +301,5 @@ def test_an_instance_whose_gpus_are_busy_is_not_idle(world: World, settings: Any
     Instance.objects.filter(pk=box.pk).update(state=Instance.State.RUNNING, started_at=now - timedelta(hours=3))
     Workspace.objects.filter(pk=world.team_a.pk).update(max_idle_s=3600)
     GpuSample.objects.create(gpu=GPU.objects.first(), at=now - timedelta(minutes=1), resolution_s=0, utilisation=70.0,
-                             memory_used_mb=1, memory_total_mb=2, instance=box)  # fmt: skip
+                             memory_used_mb=1, memory_total_mb=2, workload=box)  # fmt: skip
     assert cull(now) == {"idle_warned": 0, "idle_culled": 0, "runtime_culled": 0}

@@ -167,7 +167,7 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
 ) -> None:
     instance, notebook = _launch(tx_world, jupyter_profile)
     # The instance holds exactly its GPU, and its notebook server runs with it.
-    devices = [str(i) for i in Allocation.objects.filter(instance=instance).values_list("gpu__index", flat=True)]
+    devices = [str(i) for i in Allocation.objects.filter(workload=instance).values_list("gpu__index", flat=True)]
     assert len(devices) == 1
     assert instance.backend_state["replicas"][0]["devices"] == devices
     assert notebook.backend_state["replicas"][0]["devices"] == devices
@@ -243,7 +243,7 @@ def test_a_member_signs_in_through_the_portal_and_runs_a_kernel_on_the_notebooks
     instance.refresh_from_db()
     assert instance.state == Instance.State.DELETED
     assert not _alive(holder_pids)
-    assert not Allocation.objects.filter(instance=instance).exists()
+    assert not Allocation.objects.filter(workload=instance).exists()
 
 
 def test_nothing_of_a_notebook_answers_without_access_and_a_missing_one_answers_alike(

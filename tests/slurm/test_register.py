@@ -125,7 +125,7 @@ def test_a_refresh_removes_vanished_nodes_unless_a_workload_holds_their_gpus(wor
         for index in (0, 1):
             GPU.objects.create(node=node, index=index, gpu_type="h100", model="H100")
     job = check_submit_job(world.team_a, name="t", command="c", acting_user=world.alice)
-    Allocation.objects.create(gpu=held.gpus.get(index=1), fraction=Decimal(1), job=job)
+    Allocation.objects.create(gpu=held.gpus.get(index=1), fraction=Decimal(1), workload=job)
 
     do_discover_cluster(slurm, acting_user=world.admin)
 

@@ -138,6 +138,6 @@ def test_it_places_a_job_on_the_cluster_it_names(world: World, slurm: Cluster) -
     for job in jobs:
         job.refresh_from_db()
         assert (job.state, job.cluster) == (Job.State.ADMITTED, slurm)
-    assert {a.gpu.node.pool.cluster for a in Allocation.objects.filter(job=jobs[0])} == {slurm}
+    assert {a.gpu.node.pool.cluster for a in Allocation.objects.filter(workload=jobs[0])} == {slurm}
     anywhere.refresh_from_db()
     assert anywhere.cluster is not None and anywhere.cluster.name == "local"

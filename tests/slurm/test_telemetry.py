@@ -38,7 +38,7 @@ def test_a_slurm_job_whose_gpus_slurm_does_not_measure_has_no_telemetry(
     assert "gres/gpuutil" in tracked and "gres/gpumem" in tracked  # tracked, as a gathering site's
     job = portal.submit("slurm-quiet", "sleep 120")
     running = slurm_id(job["id"])
-    assert Allocation.objects.filter(job_id=job["id"], gpu__node__pool__cluster=slurm).exists()
+    assert Allocation.objects.filter(workload_id=job["id"], gpu__node__pool__cluster=slurm).exists()
 
     steps = _steps(running)
     assert f"{running}.batch|" in steps and "cpu=" in steps  # Slurm answers for the job's steps ...

@@ -133,11 +133,11 @@ def test_the_dcgm_exporter_is_read_over_http_and_stored_with_who_held_each_gpu(
 
     job = check_submit_job(world.team_a, name="train", command="true", acting_user=world.bob)
     gpu0 = GPU.objects.get(uuid="GPU-aaaa")
-    Allocation.objects.create(gpu=gpu0, fraction=Decimal(1), job=job)
+    Allocation.objects.create(gpu=gpu0, fraction=Decimal(1), workload=job)
     assert sample() == 2  # the k8s cluster's two devices; the local one has no source
     stored = {row.gpu.uuid: row for row in GpuSample.objects.select_related("gpu")}
-    assert stored["GPU-aaaa"].job_id == job.pk and stored["GPU-aaaa"].workspace_id == world.team_a.pk
-    assert stored["GPU-bbbb"].job_id is None and stored["GPU-bbbb"].utilisation == 3.0
+    assert stored["GPU-aaaa"].workload_id == job.pk and stored["GPU-aaaa"].workspace_id == world.team_a.pk
+    assert stored["GPU-bbbb"].workload_id is None and stored["GPU-bbbb"].utilisation == 3.0
     assert set(latest(GPU.objects.filter(node__pool__cluster=gpu_cluster))) == {gpu0.pk, stored["GPU-bbbb"].gpu_id}
 
     # The exporter down: nothing stored, nothing raised; the pages then say "no telemetry" again
@@ -185,7 +185,7 @@ def test_a_slurm_clusters_readings_give_each_device_its_jobs_mean(world: World, 
         job.backend_state = {"job_id": str(slurm_id)}
         job.save(update_fields=["backend_state"])
         for replica, place in enumerate(places):
-            Allocation.objects.create(gpu=gpus[place], fraction=Decimal(1), job=job, replica=replica)
+            Allocation.objects.create(gpu=gpus[place], fraction=Decimal(1), workload=job, replica=replica)
     asked = tmp_path / "asked"
     stand_in = tmp_path / "sstat"
     stand_in.write_text(f"#!/bin/sh\necho \"$@\" > {asked}\ncat <<'EOF'\n{SSTAT_TEXT}EOF\n")
@@ -255,7 +255,7 @@ def test_samples_are_folded_into_minutes_then_hours_then_dropped(world: World, g
 
 
 def _recent_samples(gpu: GPU, count: int, utilisation: float, **holder: Any) -> None:
-    """`count` samples of `gpu` 10 s apart up to now, held by `holder` (job= or instance=, workspace=)."""
+    """`count` samples of `gpu` 10 s apart up to now, held by `holder` (workload=, workspace=)."""
     now = timezone.now()
     GpuSample.objects.bulk_create(
         GpuSample(gpu=gpu, at=now - timedelta(seconds=10 * i), resolution_s=0, utilisation=utilisation,
@@ -275,7 +275,7 @@ def test_a_jobs_page_charts_its_gpus_and_says_no_telemetry_without_samples(world
     empty = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
     assert empty["telemetry"] is False and empty["series"] == {}
 
-    _recent_samples(GPU.objects.get(uuid="GPU-aaaa"), 30, 80.0, job=job, workspace=world.team_a)
+    _recent_samples(GPU.objects.get(uuid="GPU-aaaa"), 30, 80.0, workload=job, workspace=world.team_a)
     page = bob.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
     assert f'data-chart-url="/w/team-a/jobs/{job.pk}/gpu.json?window=1h"' in page and "chart.umd" in page
     chart = bob.get(f"/w/team-a/jobs/{job.pk}/gpu.json").json()
@@ -299,7 +299,7 @@ def test_a_notebooks_page_charts_its_instances_gpus_to_those_who_may_see_it(worl
     page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
     assert "No telemetry: the GPUs it holds report no measurements here" in page
 
-    _recent_samples(GPU.objects.get(uuid="GPU-bbbb"), 6, 40.0, instance=instance, workspace=world.team_a)
+    _recent_samples(GPU.objects.get(uuid="GPU-bbbb"), 6, 40.0, workload=instance, workspace=world.team_a)
     page = bob.get(f"/w/team-a/notebooks/{notebook.pk}/").content.decode()
     assert f'data-chart-url="/w/team-a/notebooks/{notebook.pk}/gpu.json?window=1h"' in page
     chart = bob.get(f"/w/team-a/notebooks/{notebook.pk}/gpu.json").json()

@@ -167,7 +167,7 @@ def test_an_instance_start_that_overruns_its_timeout_fails_it(
         instance.refresh_from_db()
         assert instance.state == Instance.State.FAILED and "did not start within 1 s" in instance.failure_reason
         assert instance.backend_state is None and instance.start_claim is None
-        assert not Allocation.objects.filter(instance=instance).exists()
+        assert not Allocation.objects.filter(workload=instance).exists()
         assert f"instance-{instance.pk}" in gate.stopped and gate.cleared
     finally:
         gate.go.set()

@@ -93,12 +93,21 @@ def open_inside(root: Path | str, relative: str) -> BinaryIO | None:
 
     The check is made on the open file itself (``/proc/self/fd``), so a link swapped in between a
     check and the open cannot lead outside. ``None`` for a missing file, a directory, or anything
-    outside ``root``."""
-    real_root = os.path.realpath(root)
+    outside ``root``. ``root`` is resolved as ``os.path.realpath`` resolves it, by the kernel: the
+    directory is opened (``O_PATH``) and its path read back, and the file opened from it, which
+    costs three system calls where resolving it component by component costs one a component
+    (a reconcile pass reads thousands of logs)."""
     try:
-        fd = os.open(os.path.join(root, relative), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        real_root = os.readlink(f"/proc/self/fd/{root_fd}")
+        fd = os.open(relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(root_fd)
     try:
         opened = os.readlink(f"/proc/self/fd/{fd}")
         info = os.fstat(fd)

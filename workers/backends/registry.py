@@ -38,6 +38,7 @@ def _build(cluster: Any) -> Backend:
             resource_limits=str(settings.PORTAL_RESOURCE_LIMITS),
             cgroup_root=str(settings.PORTAL_CGROUP_ROOT),
             pids_max=int(settings.PORTAL_WORKLOAD_PIDS_MAX),
+            ray_start_timeout_s=float(settings.PORTAL_RAY_START_TIMEOUT_S),
         )
     if kind == "slurm":
         from django.conf import settings
@@ -48,6 +49,7 @@ def _build(cluster: Any) -> Backend:
             notebook_start_timeout_s=float(settings.PORTAL_NOTEBOOK_START_TIMEOUT_S),
             owner=str(settings.PORTAL_WORK_DIR),
             python=str(settings.PORTAL_NOTEBOOK_PYTHON),
+            ray_start_timeout_s=float(settings.PORTAL_RAY_START_TIMEOUT_S),
         )
     if kind == "kubernetes":
         from workers.backends.kubernetes import KubernetesBackend  # the client is loaded only where it is used

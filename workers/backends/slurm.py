@@ -24,12 +24,17 @@ job of a start that was never recorded in ``squeue`` and ``sacct``; once a start
 comes back through ``load_state()``) or given up (``clear_state()``), its job id is written to
 ``.portal/settled``, and a job the portal cancelled itself is ``CANCELLED by`` its uid: neither is
 ever adopted.
+
+A reconcile pass polls every running workload of a cluster: within ``polling(states)``, ``poll()``
+answers from one ``squeue`` of all their jobs and one ``sacct`` of those it no longer lists as live,
+made on entry, instead of a squeue (and a sacct) per job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -38,6 +43,8 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +114,12 @@ ADOPT_WINDOW = "now-30days"
 SETTLED_FILE = "settled"
 # (Slurm account, user) associations known to exist, so that sacctmgr is asked once per process.
 _KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
+#: Within ``SlurmBackend.polling``: by the commands asked (squeue's and sacct's paths), what they said
+#: of each job id: ``("live", state)`` while squeue lists it live, else ``("ended", State, ExitCode)``
+#: as sacct recorded it.
+_POLLED: ContextVar[dict[tuple[str, str], dict[str, tuple[str, ...]]] | None] = ContextVar("slurm_polled", default=None)
+
+logger = logging.getLogger(__name__)
 
 
 class SlurmBackend(FileOutputs):
@@ -644,17 +657,79 @@ class SlurmBackend(FileOutputs):
         COMPLETED → 0; FAILED, NODE_FAIL → the job's exit code (the batch script's, which is
         srun's: the first failing replica's); CANCELLED → its code with a message; TIMEOUT →
         ``TIMEOUT_EXIT_CODE``. Transient ``BackendError`` if sacct has no final record yet.
+        Within ``polling()``, what its one squeue and sacct said of the job, where they said it.
         """
         if not self._state:
             raise BackendError("nothing was started on this backend", permanent=True)
         final = self._state.get("final")
         if final:
             return Status("exited", final["exit_code"], final["message"])
-        if self._live_state() is not None:
+        polled = (_POLLED.get() or {}).get(self._commands(), {}).get(str(self._state.get("job_id")))
+        if polled is not None and polled[0] == "live":
             return Status("running")
-        status = self._sacct_status()
+        if polled is not None:
+            status = parse_exit(polled[1], polled[2], stopped=bool(self._state.get("stopped")))
+        elif self._live_state() is not None:
+            return Status("running")
+        else:
+            status = self._sacct_status()
         self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
         return status
+
+    @contextlib.contextmanager
+    def polling(self, states: Iterable[dict[str, Any]]) -> Iterator[None]:
+        """Within it, ``poll()`` of any backend of this Slurm (the same ``squeue`` and ``sacct``) whose
+        job is one of ``states``' (``get_state()`` blobs) answers from one ``squeue`` of all those jobs,
+        and one ``sacct`` of those squeue no longer lists as live, both made on entry. A job neither
+        answered for (sacct has no final record of it yet) is asked as ``poll()`` asks alone, and so is
+        every job where squeue or sacct failed (logged). For a pass over many workloads: what it says
+        is as old as the pass."""
+        job_ids = {str(state.get("job_id", "")) for state in states if state and not state.get("final")}
+        answers = self._query_jobs(sorted((j for j in job_ids if j.isdigit()), key=int))
+        polled = dict(_POLLED.get() or {})
+        polled[self._commands()] = {**polled.get(self._commands(), {}), **answers}
+        token = _POLLED.set(polled)
+        try:
+            yield
+        finally:
+            _POLLED.reset(token)
+
+    def _commands(self) -> tuple[str, str]:
+        return self.squeue_path, self.sacct_path
+
+    def _query_jobs(self, job_ids: list[str]) -> dict[str, tuple[str, ...]]:
+        """What one squeue, then one sacct of those it does not list live, say of ``job_ids`` (see
+        ``_POLLED``); those sacct has no final record of yet are left out, and all where a command failed."""
+        if not job_ids:
+            return {}
+        answers: dict[str, tuple[str, ...]] = {}
+        try:
+            listed = self._run([self.squeue_path, "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+        except BackendError as exc:
+            if "Invalid job id" not in exc.message:  # (one id, and it left the queue: not an error)
+                logger.warning("squeue of %d jobs failed; each is asked alone: %s", len(job_ids), exc.message)
+                return {}
+            listed = ""
+        for line in listed.splitlines():
+            parts = line.strip().split("|")
+            job_id = leader_id(parts[0]) if len(parts) == 2 else ""
+            if job_id and parts[1] in LIVE_STATES:  # a heterogeneous job is live while a component is
+                answers.setdefault(job_id, ("live", parts[1]))
+        ended = {job_id for job_id in job_ids if job_id not in answers}
+        if not ended:
+            return answers
+        argv = [self.sacct_path, "-j", ",".join(sorted(ended, key=int)), "-X", "-n", "-P", "-o", "JobID,State,ExitCode"]
+        try:
+            recorded = self._run(argv)
+        except BackendError as exc:
+            logger.warning("sacct of %d jobs failed; each is asked alone: %s", len(ended), exc.message)
+            return answers
+        for line in recorded.splitlines():
+            parts = line.strip().split("|")
+            job_id = leader_id(parts[0]) if len(parts) == 3 else ""
+            if job_id in ended and parts[1] and parts[1].split()[0] not in LIVE_STATES:
+                answers.setdefault(job_id, ("ended", parts[1], parts[2]))  # the first, as ``_sacct_final``
+        return answers
 
     def _sacct_status(self) -> Status:
         state, code = self._sacct_final()

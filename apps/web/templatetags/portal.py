@@ -15,7 +15,7 @@ register = template.Library()
 TONES = {
     "QUEUED": "wait", "PENDING": "wait", "ADMITTED": "busy", "PROVISIONING": "busy", "STARTING": "busy",
     "RUNNING": "ok", "READY": "ok", "SUCCEEDED": "done", "DELETING": "busy", "STOPPING": "busy",
-    "FAILED": "bad", "PREEMPTED": "warn", "CANCELLED": "off", "DELETED": "off", "STOPPED": "off",
+    "FAILED": "bad", "PREEMPTED": "warn", "DEGRADED": "warn", "CANCELLED": "off", "DELETED": "off", "STOPPED": "off",
 }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import json
 import shutil
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 import click
 
@@ -65,7 +65,7 @@ def describe_error(exc: GPUPortalError) -> str:
     return exc.message
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> None:
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     click.echo(f"Error: {message}", err=True)
     raise click.exceptions.Exit(code)
 

@@ -1,8 +1,14 @@
-"""Job commands: submit, ls, queue, status, logs, wait, cancel, artifacts."""
+"""Job commands: submit, ls, queue, status, logs, wait, cancel, artifacts.
+
+A Ray job (a spec with ``kind: ray``: a Ray cluster with an entrypoint) is submitted and followed
+with the same commands: its id is looked up as a job's first, then as a Ray cluster's
+(gpuportal/cli/rayclusters.py).
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -24,22 +30,22 @@ from gpuportal.cli.app import (
     print_table,
     workspace_option,
 )
+from gpuportal.cli.rayclusters import follow_cluster, parse_env, submit_ray_spec
 from gpuportal.client import Client
-from gpuportal.errors import SpecError
-from gpuportal.models import Job, fmt_estimate
-from gpuportal.spec import JobSpec
+from gpuportal.errors import NotFound, SpecError
+from gpuportal.models import Job, Model, fmt_estimate
+from gpuportal.rayclusters import RayCluster, describe, find_cluster_or
+from gpuportal.spec import JobSpec, read_spec_file, spec_kind
 
 JOB_ID = click.argument("job_id", metavar="JOB", type=int)
 
 
-def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SpecError(f"{pair!r}: write NAME=VALUE", field="env")
-        env[name] = value
-    return env
+def _job_or_ray_job(client: Client, job_id: int) -> Job | RayCluster:
+    """The job of this id, or else the Ray job (Ray cluster) of this id; the job's NotFound if neither."""
+    try:
+        return client.jobs.get(job_id)
+    except NotFound as missing:
+        return find_cluster_or(client, job_id, missing)
 
 
 @cli.command(epilog=examples(
@@ -49,6 +55,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     "gpuportal submit --name hello --command 'nvidia-smi' --gpus 1 -w demo-team",
     "gpuportal submit --script train.sh --gpus 2 --replicas 4 -e EPOCHS=10 -a out/",
     "JOB=$(gpuportal submit -q job.yaml) && gpuportal wait $JOB",
+    "gpuportal submit ray-job.yaml --wait        # kind: ray: a Ray cluster that runs its entrypoint",
 ))  # fmt: skip
 @click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", help="Job name (default: the spec or script file's name).")
@@ -83,14 +90,20 @@ def submit(
     """Submit a job from a YAML spec file, from options, or both (options win).
 
     The spec sets name, workspace, command or script, env, gpus (per replica), gpu_type,
-    replicas, priority, max_runtime and artifacts; see docs/cli.md.
+    replicas, priority, max_runtime and artifacts; see docs/cli.md. A spec with `kind: ray` is a
+    Ray job instead: a Ray cluster (head and workers) that runs its entrypoint (--command) and
+    ends with it; the same options apply, but --gpus and --replicas.
     """
     if spec is None and not any(overrides.get(k) for k in ("command", "script", "image")):
         fail("Give a job spec file, or --command, --script or --image.", EXIT_USAGE)
     # A path given on the command line is relative to the current folder, not to the spec file.
     paths = {k: str(v.absolute()) for k, v in overrides.items() if isinstance(v, Path)}
+    if spec is not None and _kind_of(spec) == "ray":
+        submit_ray_spec(spec, {**overrides, **paths}, env_pairs, artifacts, wait=wait_, logs=logs,
+                        timeout=timeout, quiet=quiet, as_json=as_json)  # fmt: skip
+        return
     job_spec = JobSpec.load(spec, **{**overrides, **paths})
-    job_spec.env.update(_parse_env(env_pairs))
+    job_spec.env.update(parse_env(env_pairs))
     job_spec.artifacts.extend(a for a in artifacts if a not in job_spec.artifacts)
     client = portal()
     job = client.jobs.submit(job_spec)
@@ -102,6 +115,13 @@ def submit(
         click.echo(f"Submitted job {job.id} ({job.name}) to workspace {job.workspace}.", err=wait_)
     if wait_:
         _follow(client, job, logs=logs, timeout=timeout, as_json=as_json)
+
+
+def _kind_of(spec: Path) -> str:
+    try:
+        return spec_kind(read_spec_file(spec))
+    except SpecError as exc:
+        raise SpecError(exc.reason, field=exc.field, source=str(spec)) from None
 
 
 def _follow(client: Client, job: Job, *, logs: bool, timeout: float | None, as_json: bool) -> None:
@@ -168,8 +188,9 @@ def queue(workspace: str | None, as_json: bool) -> None:
 @JOB_ID
 @json_option
 def status(job_id: int, as_json: bool) -> None:
-    """Show one job: state, queue position and reason while it waits, exit code once it ended."""
-    print_details(portal().jobs.get(job_id), as_json)
+    """Show one job (or Ray job): state, queue position and reason while it waits, exit code once it ended."""
+    found: Model = _job_or_ray_job(portal(), job_id)
+    print_details(found, as_json)
 
 
 @cli.command(epilog=examples("gpuportal logs 12", "gpuportal logs -f 12", "gpuportal logs 12 --replica 3"))
@@ -177,13 +198,25 @@ def status(job_id: int, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
 @click.option("-r", "--replica", default=0, show_default=True, help="Which replica of a gang.")
 def logs(job_id: int, follow: bool, replica: int) -> None:
-    """Print a job's log (stdout and stderr of one replica)."""
+    """Print a job's log (stdout and stderr of one replica), or a Ray job's (its nodes' start and
+    its entrypoint's output)."""
+    client = portal()
     try:
-        for text in portal().jobs.stream_logs(job_id, replica=replica, follow=follow):
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        try:
+            _print_all(client.jobs.stream_logs(job_id, replica=replica, follow=follow))
+        except NotFound as missing:
+            cluster = find_cluster_or(client, job_id, missing)
+            if replica:
+                fail(f"Ray cluster {cluster.id} has one log: leave out --replica.", EXIT_USAGE)
+            _print_all(client.ray_clusters.stream_logs(cluster.id, follow=follow))
     except KeyboardInterrupt:
         raise click.exceptions.Exit(EXIT_CANCELLED) from None
+
+
+def _print_all(texts: Iterator[str]) -> None:
+    for text in texts:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 @cli.command(epilog=examples(
@@ -195,25 +228,32 @@ def logs(job_id: int, follow: bool, replica: int) -> None:
 @click.option("--logs", is_flag=True, help="Print replica 0's log while waiting.")
 @json_option
 def wait(job_id: int, timeout: float | None, logs: bool, as_json: bool) -> None:
-    """Wait for a job to end, showing its queue position, then its running time. The exit code is
-    the job's: 0 on success, its own code on failure, 130 if cancelled, 124 on a timeout."""
+    """Wait for a job (or Ray job) to end, showing its queue position, then its running time. The
+    exit code is the job's: 0 on success, its own code on failure, 130 if cancelled (a Ray job:
+    stopped), 124 on a timeout."""
     client = portal()
-    _follow(client, client.jobs.get(job_id), logs=logs, timeout=timeout, as_json=as_json)
+    found = _job_or_ray_job(client, job_id)
+    if isinstance(found, RayCluster):
+        follow_cluster(client, found, logs=logs, timeout=timeout, as_json=as_json)
+    _follow(client, found, logs=logs, timeout=timeout, as_json=as_json)
 
 
 @cli.command(epilog=examples("gpuportal cancel 12", "gpuportal cancel 12 13 14"))
 @click.argument("job_ids", metavar="JOB...", type=int, nargs=-1, required=True)
 def cancel(job_ids: tuple[int, ...]) -> None:
-    """Cancel queued or running jobs; their GPUs are released at once."""
+    """Cancel queued or running jobs (or stop Ray jobs); their GPUs are released at once."""
     client = portal()
     for job_id in job_ids:
-        job = client.jobs.cancel(job_id)
-        click.echo(job_line(job, timer=False))
+        try:
+            click.echo(job_line(client.jobs.cancel(job_id), timer=False))
+        except NotFound as missing:
+            cluster = find_cluster_or(client, job_id, missing)
+            click.echo(describe(client.ray_clusters.delete(cluster.id), timer=False))
 
 
 @cli.group(epilog=examples("gpuportal artifacts ls 12", "gpuportal artifacts get 12 -o results/"))
 def artifacts() -> None:
-    """A job's artifacts: the files under its artifact paths, recorded when it ended."""
+    """A job's (or Ray job's) artifacts: the files under its artifact paths, recorded when it ended."""
 
 
 @artifacts.command("ls", epilog=examples("gpuportal artifacts ls 12", "gpuportal artifacts ls 12 --json"))
@@ -221,7 +261,7 @@ def artifacts() -> None:
 @json_option
 def list_artifacts(job_id: int, as_json: bool) -> None:
     """List a job's artifacts with their size and sha256."""
-    job = portal().jobs.get(job_id)
+    job = _job_or_ray_job(portal(), job_id)
     if as_json:
         print_json(job.data.get("artifacts", []))
         return
@@ -238,7 +278,12 @@ def list_artifacts(job_id: int, as_json: bool) -> None:
               help="Folder to save into (created if needed).")  # fmt: skip
 def get_artifacts(job_id: int, paths: tuple[str, ...], dest: Path) -> None:
     """Download a job's artifacts (all, or those under PATHS), checked against their sha256."""
-    saved = portal().jobs.download_artifacts(job_id, dest, paths=list(paths) or None)
+    client = portal()
+    try:
+        saved = client.jobs.download_artifacts(job_id, dest, paths=list(paths) or None)
+    except NotFound as missing:
+        cluster = find_cluster_or(client, job_id, missing)
+        saved = client.ray_clusters.download_artifacts(cluster.id, dest, paths=list(paths) or None)
     for path in saved:
         click.echo(str(path))
     if not saved:

@@ -1,0 +1,314 @@
+"""Pages every kind of workload shares, as NetBox's generic views are shared: a list page (tabs
+over states and a table) and a detail page (a header with the name and the actions, panels of
+facts and the kind's own sections), each driven by a short description of the kind in Python.
+
+A kind describes its list as a `Listing` (its tabs, and its table's `Column`s) and its page as a
+`Detail` (its `Panel`s of `Fact`s, or of a template of their own, and its `Action`s). The views here
+find the workspace and the object through the access layer (another tenant's is a 404), render
+the description, and re-render the live parts when the kind's live events arrive
+(static/web/live.js fires "live-<kind>" and "live-<kind>-<id>" for each change it hears).
+
+Cells and facts are small Django templates, written in the kind's description, with the portal's
+filters loaded; each sees the object as ``obj``, the ``workspace``, and what the kind adds (a
+list its ``row_context``, a page its view). A fact that renders to nothing is left out, so a fact
+says when it applies (``{% if obj.exit_code is not None %}...``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template import engines
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import slugify
+
+from apps.web.common import is_fragment, may_change, page, workspace_for
+from apps.workspaces.access import USE, may
+from apps.workspaces.models import Workspace
+
+PER_PAGE = 50
+RowContext = Callable[[Any], dict[str, Any]]
+
+
+@cache
+def _compiled(code: str) -> Any:
+    return engines["django"].from_string("{% load portal %}" + code)
+
+
+def render_snippet(code: str, context: dict[str, Any]) -> SafeString:
+    """A cell's or a fact's template, rendered (autoescaped) and trimmed."""
+    rendered: str = _compiled(code).render(context)
+    return mark_safe(rendered.strip())
+
+
+def _no_extra(obj: Any) -> dict[str, Any]:
+    return {}
+
+
+# -- the list ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a list's table: its header, and its cells' template."""
+
+    label: str
+    template: str
+    classes: str = ""  # of its cells: "num" (right-aligned figures), "reason" (a muted explanation)
+    head_classes: str = ""
+
+
+@dataclass(frozen=True)
+class Tab:
+    """Which rows a tab shows (``states``: None for all), in which order, and what it says empty."""
+
+    key: str
+    label: str
+    states: tuple[str, ...] | None
+    empty_title: str
+    empty_text: str
+    order_by: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A kind's list page. ``kind`` names its live events and its rows' data attributes
+    (``data-<kind>="<name>"``, ``data-<kind>-id``); ``rows`` gives a workspace's rows with what
+    the cells read joined in, so a page costs the same queries for one row as for fifty."""
+
+    kind: str
+    title: str  # "Jobs"
+    intro: str
+    url_name: str
+    rows: Callable[[Workspace], QuerySet[Any]]
+    columns: tuple[Column, ...]
+    tabs: tuple[Tab, ...]
+    new_url_name: str = ""
+    new_label: str = ""
+    row_context: RowContext = _no_extra
+
+    def tab(self, key: str | None) -> Tab:
+        """The tab named `key`; the first for an unknown one."""
+        return next((tab for tab in self.tabs if tab.key == key), self.tabs[0])
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str
+    classes: str
+    html: SafeString
+
+
+@dataclass(frozen=True)
+class Row:
+    obj: Any
+    cells: list[Cell]
+
+
+def table_rows(listing: Listing, objects: Iterable[Any], base: dict[str, Any]) -> list[Row]:
+    """Each object's cells, rendered from the listing's columns with the page's `base` context."""
+    rows = []
+    for obj in objects:
+        context = {**base, "obj": obj, **listing.row_context(obj)}
+        cells = [Cell(c.label, c.classes, render_snippet(c.template, context)) for c in listing.columns]
+        rows.append(Row(obj, cells))
+    return rows
+
+
+def tab_rows(listing: Listing, workspace: Workspace, tab: Tab) -> QuerySet[Any]:
+    rows = listing.rows(workspace)
+    if tab.states is not None:
+        rows = rows.filter(state__in=tab.states)
+    return rows.order_by(*tab.order_by) if tab.order_by else rows
+
+
+def list_page(request: HttpRequest, ws: str, listing: Listing) -> HttpResponse:
+    """The workspace's rows of one kind, a tab and a page at a time; with ``?part=table`` (htmx,
+    on a live event), the table alone."""
+    workspace = workspace_for(request, ws)
+    tab = listing.tab(request.GET.get("tab"))
+    page_obj: Page[Any] = Paginator(tab_rows(listing, workspace, tab), PER_PAGE).get_page(request.GET.get("page"))
+    context = {"workspace": workspace, "may_change": may_change(request, workspace)}
+    context.update(
+        listing=listing,
+        tab=tab.key,
+        current_tab=tab,
+        page_obj=page_obj,
+        rows=table_rows(listing, page_obj.object_list, context),
+    )
+    template = "web/generic/_table.html" if is_fragment(request) else "web/generic/list.html"
+    return page(request, template, context)
+
+
+# -- the detail page ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One line of a panel: its label, and its value's template (blank: the line is left out)."""
+
+    label: str
+    template: str
+    id: str = ""  # the value's element id, for links and tests
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A titled panel of facts, or a template of its own (which renders its whole <section>).
+
+    A ``live`` panel is rendered again with each live update of the object; panels sit two to a
+    row unless ``wide`` (a lone one takes the row). ``needs`` names a context key that must be
+    true for the panel to show (``gpu_panel``: only for a workload that holds GPUs)."""
+
+    title: str = ""
+    facts: tuple[Fact, ...] = ()
+    template: str = ""
+    live: bool = False
+    wide: bool = False
+    needs: str = ""
+    shows_state: bool = False  # the object's state badge in the panel's head
+    empty: str = ""  # said when none of its facts applies
+
+    @property
+    def slug(self) -> str:
+        return slugify(self.title) or "panel"
+
+
+@dataclass(frozen=True)
+class Action:
+    """A button in the page's header, for those who hold ``role`` on the object, while ``when``.
+
+    ``url`` gives its address from the workspace and the object. A ``post`` action is a form
+    that changes state at once; a ``get`` one is a link (to a confirmation page, or elsewhere)."""
+
+    label: str
+    url: Callable[[Workspace, Any], str]
+    role: str = USE
+    style: str = ""  # "primary", "danger" or "" (a plain button)
+    method: str = "get"
+    when: Callable[[Any], bool] = lambda obj: True
+    external: bool = False  # opens in a new tab (a cluster's dashboard)
+
+
+@dataclass(frozen=True)
+class Detail:
+    """A kind's detail page."""
+
+    kind: str  # its live events: "live-<kind>-<id>"
+    list_title: str  # "Ray clusters": the crumb back to the list
+    list_url_name: str
+    url_name: str  # this page's, refreshed with ?part=status
+    panels: tuple[Panel, ...]
+    actions: tuple[Action, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShownFact:
+    label: str
+    id: str
+    html: SafeString
+
+
+@dataclass(frozen=True)
+class ShownPanel:
+    spec: Panel
+    facts: list[ShownFact] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ShownAction:
+    spec: Action
+    href: str
+
+
+def _rows_of(panels: list[ShownPanel]) -> list[list[ShownPanel]]:
+    """Panels as the page's rows: two half-width panels side by side, a wide or lone one alone."""
+    rows: list[list[ShownPanel]] = []
+    waiting: ShownPanel | None = None
+    for panel in panels:
+        if panel.spec.wide:
+            if waiting is not None:
+                rows.append([waiting])
+                waiting = None
+            rows.append([panel])
+        elif waiting is None:
+            waiting = panel
+        else:
+            rows.append([waiting, panel])
+            waiting = None
+    if waiting is not None:
+        rows.append([waiting])
+    return rows
+
+
+def allowed_actions(request: HttpRequest, workspace: Workspace, obj: Model, detail: Detail) -> list[ShownAction]:
+    """The actions that apply to the object now and that the user may take (one query per role)."""
+    held: dict[str, bool] = {}
+    shown = []
+    for action in detail.actions:
+        if not action.when(obj):
+            continue
+        if action.role not in held:
+            held[action.role] = may(request.user, obj, action.role)
+        if held[action.role]:
+            shown.append(ShownAction(action, action.url(workspace, obj)))
+    return shown
+
+
+def detail_context(
+    request: HttpRequest, workspace: Workspace, obj: Model, detail: Detail, **extra: Any
+) -> dict[str, Any]:
+    """What the detail page (or, with ``?part=status``, its live part alone) renders."""
+    fragment = is_fragment(request)
+    context: dict[str, Any] = {"workspace": workspace, "obj": obj, "detail": detail, "fragment": fragment, **extra}
+    context["actions"] = allowed_actions(request, workspace, obj, detail)
+    live: list[ShownPanel] = []
+    still: list[ShownPanel] = []
+    for panel in detail.panels:
+        if (panel.needs and not context.get(panel.needs)) or (fragment and not panel.live):
+            continue
+        facts = []
+        for fact in panel.facts:
+            html = render_snippet(fact.template, context)
+            if html:
+                facts.append(ShownFact(fact.label, fact.id, html))
+        (live if panel.live else still).append(ShownPanel(panel, facts))
+    context["live_rows"] = _rows_of(live)
+    context["still_rows"] = _rows_of(still)
+    return context
+
+
+def detail_page(request: HttpRequest, workspace: Workspace, obj: Model, detail: Detail, **extra: Any) -> HttpResponse:
+    context = detail_context(request, workspace, obj, detail, **extra)
+    template = "web/generic/_live.html" if context["fragment"] else "web/generic/detail.html"
+    return page(request, template, context)
+
+
+def confirm_page(
+    request: HttpRequest,
+    workspace: Workspace,
+    obj: Model,
+    detail: Detail,
+    *,
+    question: str,
+    text: str,
+    button: str,
+    errors: dict[str, list[str]] | None = None,
+) -> HttpResponse:
+    """Ask before an action that cannot be undone; the form posts back to the same address."""
+    context = {
+        "workspace": workspace,
+        "obj": obj,
+        "detail": detail,
+        "question": question,
+        "text": text,
+        "button": button,
+        "errors": errors or {},
+    }
+    return page(request, "web/generic/confirm.html", context, status=400 if errors else 200)
