@@ -276,10 +276,15 @@ def record_cluster_ready(cluster: RayCluster, *, target: str, nodes: list[dict[s
     _live(cluster)
 
 
+def is_degraded(cluster: RayCluster, nodes: list[dict[str, Any]]) -> bool:
+    """A node is dead, or fewer than its head and workers reported."""
+    return any(not node.get("alive") for node in nodes) or len(nodes) < 1 + cluster.workers
+
+
 def record_cluster_nodes(cluster: RayCluster, nodes: list[dict[str, Any]]) -> None:
     """What its backend says of its nodes while it runs: a missing or dead one makes it degraded
     (never "running" with missing workers), all alive again repaired."""
-    degraded = any(not node.get("alive") for node in nodes) or len(nodes) < 1 + cluster.workers
+    degraded = is_degraded(cluster, nodes)
     if nodes == cluster.nodes and degraded == (cluster.state == RayCluster.State.DEGRADED):
         return
     cluster.nodes = nodes

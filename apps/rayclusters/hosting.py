@@ -136,6 +136,12 @@ class RayClusterKind(Kind):
     def observe(self, row: RayCluster, backend: Backend) -> list[dict[str, Any]]:
         return node_states(backend)
 
+    def changes(self, row: RayCluster, progress: Progress | None, observed: Any) -> bool:
+        """Only a change of its nodes, or of whether one is missing, is written."""
+        return bool(observed) and (
+            observed != row.nodes or actions.is_degraded(row, observed) != (row.state == State.DEGRADED)
+        )
+
     def record_observed(self, row: RayCluster, observed: Any) -> None:
         if observed:
             actions.record_cluster_nodes(row, observed)
