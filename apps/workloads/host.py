@@ -461,9 +461,7 @@ def polling(watched: dict[str, dict[int, Any]]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for cluster, states in by_cluster.values():
             try:
-                batch = getattr(backend_for(cluster), "polling", None)  # a backend without one: per poll
-                if batch is not None:
-                    stack.enter_context(batch(states))
+                stack.enter_context(backend_for(cluster).polling(states))
             except Exception:  # each workload is then asked alone, as without it
                 logger.warning("could not ask cluster %s about its workloads at once", cluster.name, exc_info=True)
         yield

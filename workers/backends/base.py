@@ -5,9 +5,12 @@ Nothing here imports Django: a backend is plain Python, driven by Celery tasks t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -370,9 +373,9 @@ class Backend(ABC):
     kinds of workload the backend runs (``start()`` dispatches to them; it refuses a spec it does
     not know); the others where their default does not fit:
     ``artifacts()`` (none), ``kubeconfig()`` (none), ``discover()`` and ``nodes()`` (no inventory),
-    ``sweep_orphans()`` (nothing to sweep), ``adopt()`` (finds nothing). Hooks must be idempotent
-    where the caller may repeat them: ``stop()`` on a stopped workload and ``poll()`` after the exit
-    are harmless and return the same answer. Helpers a backend shares with another live here or in
+    ``sweep_orphans()`` (nothing to sweep), ``adopt()`` (finds nothing), ``polling()`` (none).
+    Hooks must be idempotent where the caller may repeat them: ``stop()`` on a stopped workload and
+    ``poll()`` after the exit are harmless and return the same answer. Helpers a backend shares with another live here or in
     a module of their own (``files``, ``processes``); no backend imports another.
     """
 
@@ -535,6 +538,15 @@ class Backend(ABC):
         by ``discover()``'s indices, its CPUs and memory unknown, ready."""
         names = dict.fromkeys(gpu.index.rpartition(":")[0] for gpu in self.discover())
         return [NodeInfo(name) for name in names if name]
+
+    def polling(self, states: Iterable[dict[str, Any]]) -> AbstractContextManager[None]:
+        """Within it, ``poll()`` of this cluster's workloads whose states are among ``states``
+        (``get_state()`` blobs) may answer from one query of the cluster about all of them made on
+        entry, instead of a query each: a reconcile pass polls thousands. What it says is as old as
+        the pass; a workload it has no answer for is asked as ``poll()`` asks alone; it raises
+        nothing a single poll would not. Only ``poll()`` may use it (a stop, a start, ``adopt()``
+        need fresh answers). Default: nothing, each ``poll()`` asks for itself."""
+        return contextlib.nullcontext()
 
     def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
         """Stop what this backend started for ``owner`` (the portal's work directory: it tells one
