@@ -375,8 +375,9 @@ class Backend(ABC):
     ``artifacts()`` (none), ``kubeconfig()`` (none), ``discover()`` and ``nodes()`` (no inventory),
     ``sweep_orphans()`` (nothing to sweep), ``adopt()`` (finds nothing), ``polling()`` (none).
     Hooks must be idempotent where the caller may repeat them: ``stop()`` on a stopped workload and
-    ``poll()`` after the exit are harmless and return the same answer. Helpers a backend shares with another live here or in
-    a module of their own (``files``, ``processes``); no backend imports another.
+    ``poll()`` after the exit are harmless and return the same answer. Helpers a backend shares
+    with another live here or in a module of their own (``files``, ``processes``); no backend
+    imports another.
     """
 
     #: The name the backend is chosen by in settings.
