@@ -20,8 +20,10 @@ cluster ends with its exit code. On SIGTERM every node's group gets SIGTERM, the
 ``grace_s``, and the nodes' temporary directories are removed. ``ray stop`` is never called: it
 stops every Ray process on the machine.
 
-Standard library only (it runs on the Python of the environment that holds ``ray``); it is given
-one argument, its configuration as JSON (built by workers/backends/raycluster.py: ``pod_config()``).
+Standard library only (it runs on the Python of the environment that holds ``ray``), with what it
+shares with the Slurm backend's program beside it (workers/raynode.py, bound into the sandbox with
+it: ``raycluster.POD_FILES``); it is given one argument, its configuration as JSON (built by
+workers/backends/raycluster.py: ``pod_config()``).
 """
 
 from __future__ import annotations
@@ -37,23 +39,16 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-STATUS_VERSION = 1
-#: Exit codes of the pod itself: stopped on request (SIGTERM), and a cluster that failed.
-STOPPED_EXIT_CODE = 143
-FAILED_EXIT_CODE = 1
-#: The variables of a job's rendezvous, which mean nothing to a Ray node.
-_RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+if TYPE_CHECKING:
+    from workers import raynode
+else:  # raynode.py lies beside this program, which python -I runs without its directory on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import raynode
+
 _SUBMISSION_ID = "portal-entrypoint"
-
-
-def log(message: str) -> None:
-    print(f"raypod: {message}", flush=True)
 
 
 class Node:
@@ -142,53 +137,28 @@ def _pump(source: socket.socket, target: socket.socket) -> None:
             target.shutdown(socket.SHUT_WR)
 
 
-class Pod:
+class Pod(raynode.Supervisor):
     """The cluster: its nodes, its status file, its entrypoint job."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
         self.nodes = [Node(spec) for spec in config["nodes"]]
         self.state_dir = Path(config["state_dir"])
-        self.token = os.environ.get("RAY_AUTH_TOKEN", "")
-        self.phase = "starting"
-        self.reason = ""
-        self.ready_at: float | None = None
-        self.exit_code: int | None = None
-        self.job: dict[str, Any] = {}
-        self.stopping = False
-        self._driver_log: BinaryIO | None = None
-
-    # -- the status file ----------------------------------------------------------------------
+        super().__init__(config, self.state_dir, _SUBMISSION_ID)
 
     def status(self) -> dict[str, Any]:
-        """What the status file holds (``version`` 1): the cluster's ``phase`` (``starting``,
-        ``ready``, ``degraded``, ``failed``, ``stopping``, ``exited``), why (``reason``), when it first
-        was ready, its entrypoint job, its exit code once it ended, and each node."""
-        return {
-            "version": STATUS_VERSION,
-            "phase": self.phase,
-            "reason": self.reason,
-            "updated_at": time.time(),
-            "ready_at": self.ready_at,
+        """The status file (``raynode.Supervisor.status()``), with the cluster's addresses on its
+        loopback and each node."""
+        return super().status() | {
             "gcs_address": f"127.0.0.1:{self.config['gcs_port']}",
             "dashboard_port": self.config["dashboard_port"],
-            "entrypoint": self.job or None,
-            "exit_code": self.exit_code,
             "nodes": [node.to_json() for node in self.nodes],
         }
 
-    def write_status(self) -> None:
-        partial = self.state_dir / f".status.json.{os.getpid()}"
-        partial.write_text(json.dumps(self.status(), indent=1))
-        os.replace(partial, self.state_dir / "status.json")
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.config['dashboard_port']}"
 
-    def set_phase(self, phase: str, reason: str = "") -> None:
-        if (phase, reason) != (self.phase, self.reason):
-            log(f"cluster {phase}" + (f": {reason}" if reason else ""))
-        self.phase, self.reason = phase, reason
-        if phase == "ready" and self.ready_at is None:
-            self.ready_at = time.time()
-        self.write_status()
+    def node_dirs(self) -> list[Path]:
+        return [self.temp_dir(node) for node in self.nodes]
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -208,26 +178,21 @@ class Pod:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(link)
         os.symlink(target, link)
-        argv = [config["ray"], "start", "--block", f"--temp-dir={link}", f"--node-name={node.name}"]
-        argv += ["--node-ip-address=127.0.0.1", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0"]
-        argv += [f"--num-cpus={spec['num_cpus']}", f"--num-gpus={spec['num_gpus']}"]
-        argv += [f"--memory={spec['memory_bytes']}", f"--object-store-memory={spec['object_store_bytes']}"]
-        argv += [f"--resources={json.dumps({node.name: 1})}"]
+        argv = raynode.ray_start(config["ray"], name=node.name, address="127.0.0.1", temp_dir=link, shape=spec)
         argv += [f"--dashboard-agent-listen-port={config['agent_port_base'] + spec['slot']}"]
         if spec["role"] == "head":
             argv += ["--head", f"--port={config['gcs_port']}", "--include-dashboard=true"]
             argv += ["--dashboard-host=127.0.0.1", f"--dashboard-port={config['dashboard_port']}"]
         else:
             argv += [f"--address=127.0.0.1:{config['gcs_port']}"]
-        env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS}
-        env.update(CUDA_VISIBLE_DEVICES=",".join(spec["devices"]), RAY_USAGE_STATS_ENABLED="0")
+        env = raynode.node_env(CUDA_VISIBLE_DEVICES=",".join(spec["devices"]))
         node.proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: signalled as one, apart from the others
         )  # fmt: skip
         node.exit_code, node.node_id = None, ""
         threading.Thread(target=_prefix_lines, args=(node.proc.stdout, node.name), daemon=True).start()
-        log(f"started {node.name} (pid {node.proc.pid}): {shlex.join(argv[1:])}")
+        raynode.log(f"started {node.name} (pid {node.proc.pid}): {shlex.join(argv[1:])}")
 
     def kill_node(self, node: Node, grace_s: float) -> None:
         """SIGTERM the node's process group, SIGKILL it after ``grace_s``; return once it is empty."""
@@ -252,9 +217,8 @@ class Pod:
             if node.proc is None or node.alive:
                 continue
             if node.exit_code is None:
-                code = node.proc.returncode
-                node.exit_code = 128 - code if code < 0 else code  # killed by a signal: as a shell says it
-                log(f"{node.name} exited with code {node.exit_code}")
+                node.exit_code = raynode.shell_code(node.proc.returncode)
+                raynode.log(f"{node.name} exited with code {node.exit_code}")
             if node.spec["role"] == "head":
                 self.fail(f"the head node exited with code {node.exit_code}")
                 return
@@ -271,11 +235,9 @@ class Pod:
     def check_joined(self) -> None:
         """Ask the dashboard which nodes are alive; a node joined once a registration of its
         current run (not one of its earlier runs) carries its resource."""
-        try:
-            answer = self.api("GET", "/api/v0/nodes?limit=10000&detail=false")
-        except (OSError, ValueError):
+        alive = self.alive_nodes()
+        if alive is None:
             return
-        alive = [n for n in _nodes_of(answer) if n.get("state") == "ALIVE"]
         for node in self.nodes:
             if not node.alive:
                 continue
@@ -288,90 +250,16 @@ class Pod:
         elif self.phase == "ready":
             self.set_phase("degraded", "a node left the cluster")
 
-    def fail(self, reason: str) -> None:
-        self.set_phase("failed", reason)
-        self.exit_code = FAILED_EXIT_CODE
-
-    # -- the dashboard ------------------------------------------------------------------------
-
-    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """A call to the dashboard's HTTP API on loopback, with the cluster's token."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.config['dashboard_port']}{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"null")
-
-    # -- the entrypoint -----------------------------------------------------------------------
-
-    def follow_entrypoint(self) -> None:
-        """Submit the entrypoint once the cluster is first ready; copy its driver log out; when it
-        ends, end the cluster with its exit code."""
-        entrypoint = self.config.get("entrypoint") or ""
-        if not entrypoint or self.ready_at is None:
-            return
-        if not self.job:
-            body = {"entrypoint": f"bash -c {shlex.quote(entrypoint)}", "submission_id": _SUBMISSION_ID}
-            try:
-                self.api("POST", "/api/jobs/", body)
-            except (OSError, ValueError) as exc:
-                self.fail(f"the entrypoint could not be submitted: {exc}")
-                return
-            self.job = {"submission_id": _SUBMISSION_ID, "status": "PENDING", "exit_code": None}
-            log(f"submitted the entrypoint as Ray job {_SUBMISSION_ID}")
-        try:
-            info = self.api("GET", f"/api/jobs/{_SUBMISSION_ID}")
-        except (OSError, ValueError):
-            return
-        self.copy_driver_log()
-        status = str(info.get("status", ""))
-        if status != self.job["status"]:
-            self.job["status"] = status
-            self.write_status()
-        if status in _TERMINAL_JOB_STATES:
-            self.copy_driver_log()
-            code = info.get("driver_exit_code")
-            code = (0 if status == "SUCCEEDED" else FAILED_EXIT_CODE) if code is None else int(code)
-            code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
-            self.job["exit_code"] = code
-            log(f"the entrypoint job ended: {status}, exit code {code}")
-            self.exit_code = code
-
-    def copy_driver_log(self) -> None:
-        """Copy what the entrypoint's driver wrote since the last call to this program's output."""
-        if self._driver_log is None:
-            name = f"job-driver-{_SUBMISSION_ID}.log"
-            for node in self.nodes:
-                path = self.temp_dir(node) / "session_latest" / "logs" / name
-                if path.is_file():
-                    self._driver_log = open(path, "rb")  # noqa: SIM115 (kept open while it grows)
-                    break
-            else:
-                return
-        while chunk := self._driver_log.read(1 << 16):
-            sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
-
     # -- the whole ---------------------------------------------------------------------------
 
     def run(self) -> int:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
-        self.write_status()
-        try:
-            Forwarder(self.config["socket"], self.config["dashboard_port"]).start()
-            self.start_cluster()
-            self.supervise()
-        finally:
-            self.shutdown()
-        return STOPPED_EXIT_CODE if self.exit_code is None else self.exit_code
+        return super().run()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stopping = True
+    def run_cluster(self) -> None:
+        Forwarder(self.config["socket"], self.config["dashboard_port"]).start()
+        self.start_cluster()
+        self.supervise()
 
     def start_cluster(self) -> None:
         """The head, and the workers once its GCS answers."""
@@ -399,10 +287,9 @@ class Pod:
             self.follow_entrypoint()
             time.sleep(0.5)
 
-    def shutdown(self) -> None:
-        """Stop every node (workers first, then the head) and remove their temporary directories."""
-        if self.phase != "failed":
-            self.set_phase("stopping", "stopped on request" if self.stopping else self.reason)
+    def stop_nodes(self) -> None:
+        """Stop every node (workers first, then the head) and remove their temporary directories
+        and the socket."""
         grace_s = float(self.config["grace_s"])
         threads = [threading.Thread(target=self.kill_node, args=(n, grace_s)) for n in self.nodes[1:]]
         for thread in threads:
@@ -410,20 +297,12 @@ class Pod:
         for thread in threads:
             thread.join()
         self.kill_node(self.nodes[0], grace_s)
-        if self._driver_log is not None:
-            self.copy_driver_log()
-            self._driver_log.close()
         for node in self.nodes:
             shutil.rmtree(self.temp_dir(node), ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.unlink(self.temp_link(node))
         with contextlib.suppress(OSError):
             os.unlink(self.config["socket"])
-        if self.exit_code is None:
-            self.exit_code = STOPPED_EXIT_CODE
-        if self.phase != "failed":
-            self.phase = "exited"
-        self.write_status()
 
 
 def _prefix_lines(stream: BinaryIO, name: str) -> None:
@@ -432,14 +311,6 @@ def _prefix_lines(stream: BinaryIO, name: str) -> None:
     for line in stream:
         sys.stdout.buffer.write(prefix + line)
         sys.stdout.buffer.flush()
-
-
-def _nodes_of(answer: Any) -> list[dict[str, Any]]:
-    """The node records of a State API answer (``{"data": {"result": {"result": [...]}}}``)."""
-    data = answer.get("data", {}) if isinstance(answer, dict) else {}
-    result = data.get("result", {}) if isinstance(data, dict) else {}
-    nodes = result.get("result", []) if isinstance(result, dict) else []
-    return [n for n in nodes if isinstance(n, dict)]
 
 
 def _port_open(port: int) -> bool:

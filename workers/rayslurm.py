@@ -39,7 +39,9 @@ job then ends with 1. The batch job's exit status is the entrypoint's exit code,
 (see ``exit_as()``). A node killed before it could remove its link (SIGKILL) leaves that link's
 empty directory; the next node of the account on that machine removes it (``remove_stale_links()``).
 
-Standard library only; it runs on the Python of the environment that holds ``ray``. Usage:
+Standard library only; it runs on the Python of the environment that holds ``ray``, with what it
+shares with the local backend's program beside it (workers/raynode.py, copied into the Ray
+environment with it: ``slurm_ray.install_program()``). Usage:
 ``rayslurm.py batch <config.json>`` or ``rayslurm.py node <config.json> head|worker``.
 """
 
@@ -59,15 +61,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-STATUS_VERSION = 1
-STOPPED_EXIT_CODE = 143
-FAILED_EXIT_CODE = 1
-_TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+if TYPE_CHECKING:
+    from workers import raynode
+else:  # raynode.py lies beside this program, which python -I runs without its directory on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import raynode
+
 _PR_SET_PDEATHSIG = 1
 #: How long a node stopped with SIGTERM lets Ray drain it (its default, 30 s, is for Ray Serve's
 #: rolling upgrades; here the whole cluster is going away). The spec's ``env`` may set another.
@@ -75,27 +77,6 @@ DRAIN_TIMEOUT_S = "2"
 #: Where each node's short link to its Ray directory lies (not ``$TMPDIR``, which a cluster's
 #: environment may set to a path too long for Ray's sockets).
 LINK_PARENT = "/tmp"
-#: The rendezvous variables Slurm's jobs get, which mean nothing to a Ray node.
-_RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def log(message: str) -> None:
-    print(f"rayslurm: {message}", flush=True)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (a reader sees the old file or the new one, whole)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(data, indent=1))
-    os.replace(partial, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def free_ports(count: int) -> list[int]:
@@ -138,42 +119,6 @@ class Cluster:
         self.ray_dir = Path(config["ray_dir"])
         self.job_dir = Path(config["job_dir"])
 
-    def dashboard(self) -> str:
-        head = read_json(self.ray_dir / "head.json") or {}
-        return f"http://{head.get('address', '127.0.0.1')}:{head.get('dashboard_port', 0)}"
-
-    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """A call to the dashboard's HTTP API, with the cluster's token."""
-        request = urllib.request.Request(
-            self.dashboard() + path,
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Authorization": f"Bearer {os.environ.get('RAY_AUTH_TOKEN', '')}",
-                     "Content-Type": "application/json"},
-        )  # fmt: skip
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"null")
-
-    def alive_nodes(self) -> dict[str, dict[str, Any]]:
-        """The nodes the dashboard lists as alive, by the name of their resource (``head``, ``worker-0``)."""
-        try:
-            answer = self.api("GET", "/api/v0/nodes?limit=10000&detail=false")
-        except (OSError, ValueError):
-            return {}
-        found = {}
-        for node in nodes_of(answer):
-            if node.get("state") == "ALIVE":
-                found[str(node.get("node_name", ""))] = node
-        return found
-
-
-def nodes_of(answer: Any) -> list[dict[str, Any]]:
-    """The node records of a State API answer (``{"data": {"result": {"result": [...]}}}``)."""
-    data = answer.get("data", {}) if isinstance(answer, dict) else {}
-    result = data.get("result", {}) if isinstance(data, dict) else {}
-    nodes = result.get("result", []) if isinstance(result, dict) else []
-    return [n for n in nodes if isinstance(n, dict)]
-
 
 # -- a node ----------------------------------------------------------------------------------------
 
@@ -190,7 +135,7 @@ def remove_stale_links() -> None:
             target = Path(os.readlink(entry / "t"))
         except OSError:
             continue
-        status = read_json(target.parent / "status.json") or {}
+        status = raynode.read_json(target.parent / "status.json") or {}
         if not target.is_dir() or status.get("phase") in ("exited", "failed"):
             shutil.rmtree(entry, ignore_errors=True)
 
@@ -200,20 +145,18 @@ def node_argv(cluster: Cluster, role: str, name: str, address: str, temp_dir: st
     publishes its own (``head.json``), which a worker reads to join it."""
     shape = cluster.config["head" if role == "head" else "workers"]
     ray = str(Path(sys.executable).parent / "ray")
-    argv = [ray, "start", "--block", f"--temp-dir={temp_dir}", f"--node-name={name}"]
-    argv += [f"--node-ip-address={address}", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0"]
-    argv += [f"--num-cpus={shape['num_cpus']}", f"--num-gpus={shape['num_gpus']}"]
-    argv += [f"--memory={shape['memory_bytes']}", f"--object-store-memory={shape['object_store_bytes']}"]
-    argv += [f"--resources={json.dumps({name: 1})}"]
+    argv = raynode.ray_start(ray, name=name, address=address, temp_dir=temp_dir, shape=shape)
     if role == "head":
         gcs, dashboard, client, agent = free_ports(4)
         argv += ["--head", f"--port={gcs}", "--include-dashboard=true", f"--ray-client-server-port={client}"]
         argv += [f"--dashboard-host={address}", f"--dashboard-port={dashboard}"]
         published = {"address": address, "gcs_port": gcs, "dashboard_port": dashboard, "client_port": client}
-        write_json(cluster.ray_dir / "head.json", published | {"slurm_node": os.environ.get("SLURMD_NODENAME", "")})
+        raynode.write_json(
+            cluster.ray_dir / "head.json", published | {"slurm_node": os.environ.get("SLURMD_NODENAME", "")}
+        )
     else:
         (agent,) = free_ports(1)
-        head = read_json(cluster.ray_dir / "head.json") or {}
+        head = raynode.read_json(cluster.ray_dir / "head.json") or {}
         argv += [f"--address={head.get('address')}:{head.get('gcs_port')}"]
     return [*argv, f"--dashboard-agent-listen-port={agent}"]
 
@@ -229,10 +172,12 @@ def run_node(cluster: Cluster, role: str) -> int:
     link_root = tempfile.mkdtemp(prefix="ray-", dir=LINK_PARENT)  # 0700, named at random
     os.symlink(node_dir, f"{link_root}/t")
     argv = node_argv(cluster, role, name, address, f"{link_root}/t")
-    write_json(cluster.ray_dir / f"node-{name}.json", {"name": name, "slurm_node": slurm_node, "address": address})
-    env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS} | {"RAY_USAGE_STATS_ENABLED": "0"}
+    raynode.write_json(
+        cluster.ray_dir / f"node-{name}.json", {"name": name, "slurm_node": slurm_node, "address": address}
+    )
+    env = raynode.node_env()
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", DRAIN_TIMEOUT_S)
-    log(f"{name} on {slurm_node}: {shlex.join(argv[1:])}")
+    raynode.log(f"{name} on {slurm_node}: {shlex.join(argv[1:])}")
     proc = subprocess.Popen(argv, env=env, cwd=cluster.job_dir, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     stopping: list[int] = []
 
@@ -248,60 +193,50 @@ def run_node(cluster: Cluster, role: str) -> int:
         code = proc.wait()
     finally:
         shutil.rmtree(link_root, ignore_errors=True)
-    log(f"{name} exited with code {code}" + (" (stopped on request)" if stopping else ""))
+    raynode.log(f"{name} exited with code {code}" + (" (stopped on request)" if stopping else ""))
     if stopping:
-        return STOPPED_EXIT_CODE
-    return 128 - code if code < 0 else code
+        return raynode.STOPPED_EXIT_CODE
+    return raynode.shell_code(code)
 
 
 # -- the batch step --------------------------------------------------------------------------------
 
 
-class Batch:
+class Batch(raynode.Supervisor):
     """The batch step: starts the nodes' steps, says when the cluster is ready, runs the entrypoint."""
 
     def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster.config, cluster.ray_dir, cluster.config["submission_id"])
         self.cluster = cluster
-        self.config = cluster.config
         self.steps: dict[str, subprocess.Popen[bytes]] = {}
-        self.phase = "starting"
-        self.reason = ""
-        self.ready_at: float | None = None
-        self.exit_code: int | None = None
-        self.job: dict[str, Any] = {}
-        self.stopping = False
-        self._driver_log: BinaryIO | None = None
 
-    def write_status(self) -> None:
-        """``status.json`` (``version`` 1): the cluster's ``phase`` (``starting``, ``ready``, ``failed``,
-        ``stopping``, ``exited``), why (``reason``), the Slurm job, the head's addresses, when it was
-        ready, its entrypoint job and its exit code once it ended."""
-        head = read_json(self.cluster.ray_dir / "head.json") or {}
-        status = {
-            "version": STATUS_VERSION,
+    def status(self) -> dict[str, Any]:
+        """The status file (``raynode.Supervisor.status()``), with the Slurm job, the head's
+        addresses and the nodes' names."""
+        return super().status() | {
             "job_id": os.environ.get("SLURM_JOB_ID", ""),
-            "phase": self.phase,
-            "reason": self.reason,
-            "updated_at": time.time(),
-            "ready_at": self.ready_at,
-            "head": head,
+            "head": self.head(),
             "nodes": ["head", *(f"worker-{i}" for i in range(self.config["workers"]["replicas"]))],
-            "entrypoint": self.job or None,
-            "exit_code": self.exit_code,
         }
-        write_json(self.cluster.ray_dir / "status.json", status)
 
-    def set_phase(self, phase: str, reason: str = "") -> None:
-        if (phase, reason) != (self.phase, self.reason):
-            log(f"cluster {phase}" + (f": {reason}" if reason else ""))
-        self.phase, self.reason = phase, reason
-        if phase == "ready" and self.ready_at is None:
-            self.ready_at = time.time()
-        self.write_status()
+    def head(self) -> dict[str, Any]:
+        """What the head published of itself (``head.json``): its address and ports."""
+        return raynode.read_json(self.cluster.ray_dir / "head.json") or {}
 
-    def fail(self, reason: str) -> None:
-        self.exit_code = FAILED_EXIT_CODE
-        self.set_phase("failed", reason)
+    def dashboard(self) -> str:
+        head = self.head()
+        return f"http://{head.get('address', '127.0.0.1')}:{head.get('dashboard_port', 0)}"
+
+    def node_dirs(self) -> list[Path]:
+        return [self.cluster.ray_dir / "head"]
+
+    def entrypoint_command(self, entrypoint: str) -> str:
+        """The entrypoint, run in the cluster's job directory."""
+        return f"cd {shlex.quote(str(self.cluster.job_dir))} && exec {super().entrypoint_command(entrypoint)}"
+
+    def alive_names(self) -> set[str]:
+        """The nodes the dashboard lists as alive, by the name of their resource (``head``, ``worker-0``)."""
+        return {str(node.get("node_name", "")) for node in self.alive_nodes() or []}
 
     def srun(self, role: str) -> subprocess.Popen[bytes]:
         config, portal = self.config, Path(self.config["portal_dir"])
@@ -316,32 +251,25 @@ class Batch:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=self.cluster.job_dir)
 
     def run(self) -> int:
-        secrets = read_json(Path(self.config["secrets"])) or {}
+        secrets = raynode.read_json(Path(self.config["secrets"])) or {}
         os.environ.update({str(k): str(v) for k, v in secrets.items()})
         os.environ["RAY_AUTH_MODE"] = "token"
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
-        self.write_status()
-        try:
-            if self.start():
-                self.supervise()
-        finally:
-            self.shutdown()
-        return STOPPED_EXIT_CODE if self.exit_code is None else self.exit_code
+        return super().run()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stopping = True
+    def run_cluster(self) -> None:
+        if self.start():
+            self.supervise()
 
     def start(self) -> bool:
         """The head, then the workers once the head's dashboard answers; True once every node joined."""
         deadline = time.monotonic() + float(self.config["start_timeout_s"])
         self.steps["head"] = self.srun("head")
-        if not self.wait_for(lambda: "head" in self.cluster.alive_nodes(), deadline, "the head to answer"):
+        if not self.wait_for(lambda: "head" in self.alive_names(), deadline, "the head to answer"):
             return False
         if self.config["workers"]["replicas"]:
             self.steps["workers"] = self.srun("worker")
         expected = {"head", *(f"worker-{i}" for i in range(self.config["workers"]["replicas"]))}
-        if not self.wait_for(lambda: expected <= set(self.cluster.alive_nodes()), deadline, "every node to join"):
+        if not self.wait_for(lambda: expected <= self.alive_names(), deadline, "every node to join"):
             return False
         self.set_phase("ready")
         return True
@@ -364,7 +292,7 @@ class Batch:
             code = step.poll()
             if code is None:
                 continue
-            if code == STOPPED_EXIT_CODE:  # its nodes were stopped on request (scancel --signal=TERM)
+            if code == raynode.STOPPED_EXIT_CODE:  # its nodes were stopped on request (scancel --signal=TERM)
                 self.stopping = True
             elif not self.stopping:
                 self.fail(f"the {name} step ended with code {code}")
@@ -378,58 +306,10 @@ class Batch:
             self.follow_entrypoint()
             time.sleep(0.5)
 
-    def follow_entrypoint(self) -> None:
-        """Submit the entrypoint (once); copy its driver's log out; when it ends, end the cluster
-        with its exit code."""
-        entrypoint, submission_id = self.config.get("entrypoint") or "", self.config["submission_id"]
-        if not entrypoint:
-            return
-        if not self.job:
-            command = f"cd {shlex.quote(str(self.cluster.job_dir))} && exec bash -c {shlex.quote(entrypoint)}"
-            try:
-                self.cluster.api("POST", "/api/jobs/", {"entrypoint": command, "submission_id": submission_id})
-            except (OSError, ValueError) as exc:
-                self.fail(f"the entrypoint could not be submitted: {exc}")
-                return
-            self.job = {"submission_id": submission_id, "status": "PENDING", "exit_code": None}
-            log(f"submitted the entrypoint as Ray job {submission_id}")
-            self.write_status()
-        try:
-            info = self.cluster.api("GET", f"/api/jobs/{submission_id}")
-        except (OSError, ValueError):
-            return
-        self.copy_driver_log()
-        status = str(info.get("status", ""))
-        if status != self.job["status"]:
-            self.job["status"] = status
-            self.write_status()
-        if status in _TERMINAL_JOB_STATES:
-            self.copy_driver_log()
-            code = info.get("driver_exit_code")
-            code = (0 if status == "SUCCEEDED" else FAILED_EXIT_CODE) if code is None else int(code)
-            code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
-            self.job["exit_code"] = code
-            log(f"the entrypoint ended: {status}, exit code {code}")
-            self.exit_code = code
-
-    def copy_driver_log(self) -> None:
-        """Copy what the entrypoint's driver wrote since the last call to this program's output."""
-        if self._driver_log is None:
-            path = self.cluster.ray_dir / "head" / "session_latest" / "logs"
-            path = path / f"job-driver-{self.config['submission_id']}.log"
-            if not path.is_file():
-                return
-            self._driver_log = open(path, "rb")  # noqa: SIM115 (kept open while it grows)
-        while chunk := self._driver_log.read(1 << 16):
-            sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
-
-    def shutdown(self) -> None:
+    def stop_nodes(self) -> None:
         """SIGTERM every task of the nodes' steps (``scancel --signal=TERM``, which leaves the batch
         step alone: srun itself would end its step at once on a signal), then after ``grace_s`` end
         the steps (SIGKILL to srun: Slurm kills what is left when the batch step ends)."""
-        if self.phase != "failed":
-            self.set_phase("stopping", "stopped on request" if self.stopping else "the entrypoint ended")
         if any(step.poll() is None for step in self.steps.values()):
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 subprocess.run(["scancel", "--signal=TERM", os.environ.get("SLURM_JOB_ID", "")], timeout=30)
@@ -441,14 +321,6 @@ class Batch:
                 with contextlib.suppress(ProcessLookupError):
                     step.kill()
                 step.wait()
-        if self._driver_log is not None:
-            self.copy_driver_log()
-            self._driver_log.close()
-        if self.exit_code is None:
-            self.exit_code = STOPPED_EXIT_CODE
-        if self.phase != "failed":
-            self.phase = "exited"
-        self.write_status()
 
 
 def main(argv: list[str]) -> int:

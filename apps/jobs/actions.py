@@ -22,7 +22,7 @@ from apps.audit.events import JOB_ENDS, Event
 from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster, Node
 from apps.jobs.models import Artifact, Job, JobAttempt
-from apps.scheduling.limits import check_request_size, gpus_per_node, replica_slots
+from apps.scheduling.limits import check_request_size, check_runtime_limit, gpus_per_node, replica_slots
 from apps.scheduling.trigger import request_artifacts, request_cycle, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
@@ -58,15 +58,8 @@ def check_submit_job(
     if not command and not image:
         raise ActionError("Give the job a command, an image, or both.", field="command")
     with transaction.atomic():
-        workspace = _read_policies(workspace)
-        if workspace.max_runtime_s is not None:
-            if max_runtime_s is None:
-                max_runtime_s = workspace.max_runtime_s
-            elif max_runtime_s > workspace.max_runtime_s:
-                raise ActionError(
-                    f"Workspace {workspace.name} allows at most {workspace.max_runtime_s} s of runtime.",
-                    field="max_runtime_s",
-                )
+        workspace = read_policies(workspace)
+        max_runtime_s = check_runtime_limit(workspace, max_runtime_s)
         check_request_size(
             workspace,
             gpu_type=gpu_type,
@@ -120,7 +113,7 @@ def check_submit_job(
     return job
 
 
-def _read_policies(workspace: Workspace) -> Workspace:
+def read_policies(workspace: Workspace) -> Workspace:
     """The workspace's policies as of now, held (PostgreSQL's FOR SHARE) until the submission commits:
     an admin's change to them waits for the submission or is seen by it, while submissions to one
     workspace go on side by side (nothing in a submission counts other jobs)."""

@@ -17,10 +17,10 @@ from apps.audit.actions import SYSTEM, Origin, do_log_event
 from apps.audit.events import Event
 from apps.errors import ActionError, Conflict, LimitExceeded
 from apps.inventory.models import Allocation, Cluster
-from apps.jobs.actions import _read_policies, check_cluster_fits
+from apps.jobs.actions import check_cluster_fits, read_policies
 from apps.jobs.models import Artifact
 from apps.rayclusters.models import MAX_WORKERS, RayCluster
-from apps.scheduling.limits import check_request_size, gpu_ceiling
+from apps.scheduling.limits import check_request_size, check_runtime_limit, gpu_ceiling
 from apps.scheduling.trigger import request_cycle, request_workload
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
@@ -70,15 +70,8 @@ def check_create_cluster(
     if RayCluster.objects.filter(workspace=workspace, name=name, state__in=RayCluster.LIVE_STATES).exists():
         raise Conflict(f"Workspace {workspace.name} already has a live cluster named {name}.", field="name")
     with transaction.atomic():
-        workspace = _read_policies(workspace)
-        if workspace.max_runtime_s is not None:
-            if max_runtime_s is None:
-                max_runtime_s = workspace.max_runtime_s
-            elif max_runtime_s > workspace.max_runtime_s:
-                raise ActionError(
-                    f"Workspace {workspace.name} allows at most {workspace.max_runtime_s} s of runtime.",
-                    field="max_runtime_s",
-                )
+        workspace = read_policies(workspace)
+        max_runtime_s = check_runtime_limit(workspace, max_runtime_s)
         _check_size(
             workspace,
             gpu_type=gpu_type,

@@ -1,4 +1,4 @@
-"""Hard limits on the size of one request: checked when it is made, never by the scheduler.
+"""Hard limits on one request (its size, its runtime): checked when it is made, never by the scheduler.
 
 A request that fits the quota shape is accepted and waits for room; one the workspace could
 never be given is refused at once with a message that says why.
@@ -78,6 +78,21 @@ def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     if quota.borrowing_limit is not None:
         lendable = min(lendable, quota.borrowing_limit)
     return nominal + lendable, f"{_fmt(nominal)} nominal + {_fmt(lendable)} borrowable"
+
+
+def check_runtime_limit(workspace: Workspace, max_runtime_s: int | None) -> int | None:
+    """The runtime limit a request runs under: its own, or the workspace's where it names none;
+    refused where it asks for more than the workspace allows."""
+    if workspace.max_runtime_s is None:
+        return max_runtime_s
+    if max_runtime_s is None:
+        return workspace.max_runtime_s
+    if max_runtime_s > workspace.max_runtime_s:
+        raise ActionError(
+            f"Workspace {workspace.name} allows at most {workspace.max_runtime_s} s of runtime.",
+            field="max_runtime_s",
+        )
+    return max_runtime_s
 
 
 def check_request_size(

@@ -31,6 +31,7 @@ from gpuportal.spec import (
     _LABEL,
     NAME_RULE,
     _bool,
+    _command,
     _describe,
     _duration,
     _env,
@@ -178,7 +179,7 @@ class RayClusterSpec:
             name=_optional_str(values, "name"),
             workspace=_optional_str(values, "workspace"),
             description=_optional_str(values, "description") or "",
-            entrypoint=_entrypoint(values, base_dir or Path.cwd()),
+            entrypoint=_command(values, base_dir or Path.cwd(), "entrypoint", "an entrypoint"),
             image=_optional_str(values, "image") or "",
             env=_env(values.get("env")),
             workers=_int(values, "workers", minimum=0),
@@ -256,18 +257,3 @@ class RayClusterSpec:
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         return body
-
-
-def _entrypoint(values: Mapping[str, Any], base_dir: Path) -> str:
-    entrypoint, script = _optional_str(values, "entrypoint"), _optional_str(values, "script")
-    if entrypoint and script:
-        raise SpecError("give either an entrypoint or a script, not both", field="script")
-    if not script:
-        return entrypoint or ""
-    path = (base_dir / Path(script).expanduser()).resolve()
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"no such file: {path}", field="script") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read {path}: {exc}", field="script") from None

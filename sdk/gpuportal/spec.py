@@ -247,10 +247,11 @@ def _optional_str(values: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def _command(values: Mapping[str, Any], base_dir: Path) -> str:
-    command, script = _optional_str(values, "command"), _optional_str(values, "script")
+def _command(values: Mapping[str, Any], base_dir: Path, key: str = "command", noun: str = "a command") -> str:
+    """The text of ``key`` (a job's command, a Ray spec's entrypoint), or of the file ``script`` names."""
+    command, script = _optional_str(values, key), _optional_str(values, "script")
     if command and script:
-        raise SpecError("give either a command or a script, not both", field="script")
+        raise SpecError(f"give either {noun} or a script, not both", field="script")
     if not script:
         return command or ""
     path = (base_dir / Path(script).expanduser()).resolve()

@@ -334,13 +334,14 @@ class LocalBackend(FileOutputs):
         raycluster.check_environment(environment)
         if spec.run_as is not None and os.geteuid() == 0:
             check_reachable(environment, "the Ray environment")
-            check_reachable(raycluster.RAYPOD, "the Ray pod")
+            for path in raycluster.POD_FILES:
+                check_reachable(path, "the Ray pod")
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
         sock = server_socket(self.run_dir, job_dir).with_name(raycluster.SOCKET_NAME)
         timeout_s = raycluster.ready_timeout(spec, self.ray_start_timeout_s)
         job = raycluster.ray_job(spec, environment, sock, start_timeout_s=timeout_s)
         prepare_socket_dir(sock, spec.run_as)
-        self._launch(job, environment, read_only=(str(raycluster.RAYPOD),), kind="ray")
+        self._launch(job, environment, read_only=tuple(str(path) for path in raycluster.POD_FILES), kind="ray")
         return self._ray_joined(spec)
 
     def _ray_joined(self, spec: RayClusterSpec) -> Endpoint:

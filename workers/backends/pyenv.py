@@ -3,9 +3,10 @@
 A notebook's environment lives in ``<root>/<digest>/`` where the digest names the Python version,
 the sorted requirements and the portal's SDK, so every notebook of a profile shares one. Jobs and
 instances get the SDK's own environment, ``<root>/sdk-<digest>/``: the SDK on top of the Python's
-own packages. Every environment has the portal's SDK and CLI (the ``gpuportal`` package, installed
-from this checkout's ``sdk/``), so that a workload can drive the portal at once with the
-``GPUPORTAL_*`` variables its backend sets.
+own packages; Ray clusters on Slurm the Ray environment, ``<root>/ray-<digest>/``. Every
+environment has the portal's SDK and CLI (the ``gpuportal`` package, installed from this
+checkout's ``sdk/``), so that a workload can drive the portal at once with the ``GPUPORTAL_*``
+variables its backend sets.
 
 An environment is built in a temporary directory under a file lock and renamed into place once
 complete: a worker that dies mid-build leaves no half-made environment behind, and two workers
@@ -34,6 +35,9 @@ JUPYTERLAB = "jupyterlab==4.4.10"
 JUPYTER_SERVER = "jupyter_server==2.21.1"
 IPYKERNEL = "ipykernel==7.4.0"
 BUILD_TIMEOUT_S = 1800.0
+#: The Ray of the Ray environment (``ensure_ray_env``), as requirements.txt pins it for the portal's own.
+RAY_VERSION = "2.60.0"
+RAY_REQUIREMENT = f"ray[default]=={RAY_VERSION}"
 #: The portal's SDK and CLI, installed from source into every environment.
 SDK_SOURCE = Path(__file__).resolve().parents[2] / "sdk"
 SDK_NAME = "gpuportal"
@@ -130,6 +134,14 @@ def ensure_sdk_env(root: Path, python: str = sys.executable) -> Path:
     job's ``python`` still sees what the machine has installed. Built once, like ``ensure_env``."""
     target = root / f"sdk-{env_digest(['--system-site-packages'], python)}"
     return _ensure(target, python, [], system_site_packages=True)
+
+
+def ensure_ray_env(root: Path, python: str = sys.executable) -> Path:
+    """Return the directory of the Ray environment for ``python``: ``ray[default]`` at ``RAY_VERSION``
+    and the portal's SDK, where a Ray cluster's nodes run (workers/backends/slurm_ray.py). Built once,
+    like ``ensure_env``."""
+    target = root / f"ray-{env_digest([RAY_REQUIREMENT], python)}"
+    return _ensure(target, python, [RAY_REQUIREMENT], system_site_packages=False)
 
 
 # JupyterLab's defaults for every user of an environment (its overrides.json): no prompt asking a

@@ -31,8 +31,10 @@ from typing import Any
 from workers.backends.base import BackendError, JobSpec, NodeGroup, PolicyRefusal, RayClusterSpec
 from workers.backends.files import open_inside
 
-#: The pod, run inside the sandbox (bound read-only there).
+#: The pod, run inside the sandbox, and the module it imports from its own directory: both bound
+#: read-only there (``POD_FILES``).
 RAYPOD = Path(__file__).resolve().parent.parent / "raypod.py"
+POD_FILES = (RAYPOD, RAYPOD.with_name("raynode.py"))
 #: The pod's socket, forwarded to the dashboard, in the local backend's socket directory of the cluster.
 SOCKET_NAME = "dashboard.sock"
 #: The pod's directory in the cluster's: its status file, and the nodes' temporary directories.

@@ -6,8 +6,9 @@ head's node and component 1 the workers' nodes, each component with its own GPUs
 per node, so that a CPU-only head can lead GPU workers without holding a GPU. A cluster without
 workers is a plain one-node job. The batch script exports the cluster's environment and hands over
 to the portal's program ``workers/rayslurm.py`` (copied into the Ray environment, which the portal
-alone writes), which starts the head and the workers as job steps, writes ``status.json`` once
-every node joined, and runs the entrypoint as the cluster's Ray job (see its docstring).
+alone writes, with the module it imports, ``workers/raynode.py``), which starts the head and the
+workers as job steps, writes ``status.json`` once every node joined, and runs the entrypoint as the
+cluster's Ray job (see its docstring).
 
 Files, all under the cluster's job directory ``<work_dir>/<key>/`` (its ``.portal/`` is 0700, the
 workspace account's): ``.portal/ray.sh`` (the batch script: no secret in it, since Slurm keeps a
@@ -45,12 +46,13 @@ from workers.backends.base import (
 )
 from workers.backends.files import open_inside
 from workers.backends.processes import http_get, search_path
-from workers.backends.pyenv import _ensure, env_digest
+from workers.backends.pyenv import RAY_VERSION as RAY_VERSION  # re-exported: the Ray the nodes run
+from workers.backends.pyenv import ensure_ray_env as ensure_ray_env  # re-exported: the backend builds it
 
-RAY_VERSION = "2.60.0"
-RAY_REQUIREMENT = f"ray[default]=={RAY_VERSION}"
-#: The program the batch job runs (workers/rayslurm.py), and where it is copied in the Ray environment.
+#: The program the batch job runs (workers/rayslurm.py), the module it imports from its own directory
+#: (workers/raynode.py), and where both are copied in the Ray environment.
 PROGRAM = Path(__file__).resolve().parent.parent / "rayslurm.py"
+PROGRAM_FILES = (PROGRAM, PROGRAM.with_name("raynode.py"))
 PROGRAM_DIR = ("share", "gpuportal", "ray")
 CONFIG_VERSION = 1
 #: Under the job's ``.portal/``: the Ray directory (the program's files, each node's temp dir) and the inputs.
@@ -81,28 +83,22 @@ class RayNode:
     resources: dict[str, float] = field(default_factory=dict)
 
 
-def ensure_ray_env(root: Path, python: str) -> Path:
-    """The Ray environment under ``root`` for ``python``: ``ray[default]`` and the portal's SDK,
-    built once (workers/backends/pyenv.py builds it: a lock, a temporary directory renamed into
-    place, readable by every workspace's account)."""
-    target = root / f"ray-{env_digest([RAY_REQUIREMENT], python)}"
-    return _ensure(target, python, [RAY_REQUIREMENT], system_site_packages=False)
-
-
 def install_program(env_dir: Path) -> Path:
-    """Copy workers/rayslurm.py into the Ray environment (where the portal alone writes, so that no
-    workspace can change what its cluster's batch job runs); return the copy's path."""
+    """Copy workers/rayslurm.py and the module beside it (``PROGRAM_FILES``) into the Ray environment
+    (where the portal alone writes, so that no workspace can change what its cluster's batch job
+    runs); return the program's copy's path."""
     target = env_dir.joinpath(*PROGRAM_DIR)
     target.mkdir(parents=True, exist_ok=True)
-    dest, text = target / PROGRAM.name, PROGRAM.read_bytes()
-    if not dest.is_file() or dest.read_bytes() != text:
-        partial = target / f".{PROGRAM.name}.{os.getpid()}"
-        partial.write_bytes(text)
-        partial.chmod(0o644)
-        os.replace(partial, dest)
+    for source in PROGRAM_FILES:
+        dest, text = target / source.name, source.read_bytes()
+        if not dest.is_file() or dest.read_bytes() != text:
+            partial = target / f".{source.name}.{os.getpid()}"
+            partial.write_bytes(text)
+            partial.chmod(0o644)
+            os.replace(partial, dest)
     for directory in (target.parent.parent, target.parent, target):
         directory.chmod(0o755)  # readable by every workspace's account, whatever the umask
-    return dest
+    return target / PROGRAM.name
 
 
 def ray_job(spec: RayClusterSpec) -> JobSpec:
