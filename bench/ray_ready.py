@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workers.backends.base import Backend, NodeGroup, RayClusterSpec  # noqa: E402
 from workers.backends.local import LocalBackend  # noqa: E402
+from workers.backends.pyenv import ensure_ray_env  # noqa: E402
 from workers.backends.slurm import SlurmBackend  # noqa: E402
-from workers.backends.slurm_ray import ensure_ray_env  # noqa: E402
 
 ENV_DIR = Path("/var/cache/gpuportal/test-envs")
 NODE_PYTHON = "/usr/bin/python3"

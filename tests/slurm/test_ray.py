@@ -32,9 +32,9 @@ import pytest
 
 from tests.conftest import SHARED_ENV_DIR
 from workers.backends.base import BackendError, Endpoint, Keep, NodeGroup, RayClusterSpec, RunAs, Status
+from workers.backends.pyenv import RAY_VERSION, ensure_ray_env
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm_commands import leader_id
-from workers.backends.slurm_ray import RAY_VERSION, ensure_ray_env
 
 NODE_PYTHON = "/usr/bin/python3"  # the nodes' Python: the accounts cannot reach pytest's
 #: The workspace account the clusters run as where the tests run as root (next to the ones the

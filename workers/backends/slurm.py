@@ -75,7 +75,7 @@ from workers.backends.processes import (
     search_path,
     wait_answering,
 )
-from workers.backends.pyenv import ensure_env, ensure_sdk_env
+from workers.backends.pyenv import ensure_env, ensure_ray_env, ensure_sdk_env
 from workers.backends.slurm_commands import (
     COMMAND_TIMEOUT_S,
     LIVE_STATES,
@@ -97,7 +97,6 @@ from workers.backends.slurm_ray import (
     SCRIPT_FILE,
     RayNode,
     check_ray_spec,
-    ensure_ray_env,
     install_program,
     query_ray_nodes,
     ray_files,

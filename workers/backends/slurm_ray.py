@@ -46,8 +46,6 @@ from workers.backends.base import (
 )
 from workers.backends.files import open_inside
 from workers.backends.processes import http_get, search_path
-from workers.backends.pyenv import RAY_VERSION as RAY_VERSION  # re-exported: the Ray the nodes run
-from workers.backends.pyenv import ensure_ray_env as ensure_ray_env  # re-exported: the backend builds it
 
 #: The program the batch job runs (workers/rayslurm.py), the module it imports from its own directory
 #: (workers/raynode.py), and where both are copied in the Ray environment.
