@@ -1,5 +1,6 @@
-"""Instances: the list, the three-step launch wizard, the detail page and its collaborators,
-delete, kubeconfig."""
+"""Instances: the list, the three-step launch wizard, an instance's page and its collaborators,
+delete, kubeconfig. The list, the page and the delete confirmation are the generic ones
+(apps/web/generic.py), described here."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from apps.catalog.models import ComputeProfile
@@ -22,6 +23,7 @@ from apps.compute.models import Collaborator, Instance, Notebook
 from apps.errors import ActionError
 from apps.invitations import actions as invitations
 from apps.invitations.models import Invitation
+from apps.web import generic
 from apps.web.common import (
     Errors,
     action_kwargs,
@@ -44,21 +46,53 @@ from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE, USE, may
 from apps.workspaces.models import Workspace
 
-PER_PAGE = 50
 STEP_FIELDS = {1: {"name", "description"}, 2: {"profile"}}
+
+
+LISTING = generic.Listing(
+    kind="instance",
+    title="Instances",
+    intro="Your slices of GPUs, CPU and memory. Notebooks run on them.",
+    url_name="web:instances",
+    rows=lambda workspace: Instance.objects.filter(workspace=workspace).select_related("profile"),
+    new_url_name="web:instance-new",
+    new_label="Launch an instance",
+    tab_param="show",
+    tabs=(
+        generic.Tab("live", "Live", (*Instance.LIVE_STATES, Instance.State.FAILED), "No instances running"),
+        generic.Tab("all", "All, deleted too", None, "No instances"),
+    ),
+    empty="<p>Launch one from a size your admin has published: GPUs, CPU and memory reserved for you.</p>"
+    '{% if may_change %}<a class="btn btn-primary" href="{% url \'web:instance-new\' workspace.name %}">Launch an '
+    "instance</a>{% else %}<p>Your role in this workspace lets you look, not launch.</p>{% endif %}",
+    columns=(
+        generic.Column(
+            "Name",
+            "<a href=\"{% url 'web:instance' workspace.name obj.pk %}\">{{ obj.name }}</a>"
+            '{% if obj.description %}<div class="muted small">{{ obj.description|truncatechars:80 }}</div>{% endif %}',
+        ),
+        generic.Column(
+            "Size",
+            "{{ obj.profile.display_name|default:obj.profile.name }}"
+            '<div class="muted small">{{ obj.profile.size_label }}</div>',
+        ),
+        generic.Column(
+            "Status",
+            '{% include "web/_state.html" with state=obj.state label=obj.get_state_display %}'
+            '{% if obj.state == "QUEUED" and obj.wait_reason %}<div class="muted small">{{ obj.wait_reason }}</div>'
+            "{% endif %}",
+        ),
+        generic.Column(
+            "Launched",
+            '<time datetime="{{ obj.created_at|date:\'c\' }}">{{ obj.created_at|date:"j M Y, H:i" }}</time>',
+        ),
+    ),
+)
 
 
 @signed_in
 def instance_list(request: HttpRequest, ws: str) -> HttpResponse:
-    workspace = workspace_for(request, ws)
-    show = request.GET.get("show", "live")
-    rows = Instance.objects.filter(workspace=workspace).select_related("profile")
-    if show != "all":
-        rows = rows.filter(state__in=[*Instance.LIVE_STATES, Instance.State.FAILED])
-    page_obj = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
-    context = {"workspace": workspace, "page_obj": page_obj, "show": show, "may_change": may_change(request, workspace)}
-    template = "web/instances/_table.html" if is_fragment(request) else "web/instances/list.html"
-    return page(request, template, context)
+    return generic.list_page(request, ws, LISTING)
 
 
 def allowed_profiles(request: HttpRequest, workspace: Workspace) -> list[ComputeProfile]:
@@ -144,38 +178,96 @@ def kubeconfig_of(instance: Instance) -> str | None:
         return None
 
 
+# -- an instance's page ---------------------------------------------------------------------------
+
+
+STATUS = generic.Panel(
+    title="Status",
+    live=True,
+    shows_state=True,
+    facts=(
+        generic.Fact("Size", "{{ obj.profile.display_name|default:obj.profile.name }} · {{ obj.profile.size_label }}"),
+        generic.Fact("Launched", '<time datetime="{{ obj.launched_at|date:\'c\' }}">'
+                     '{{ obj.launched_at|date:"j M Y, H:i" }}</time>'
+                     "{% if obj.created_by %} by {{ obj.created_by.get_username }}{% endif %}"),
+        generic.Fact("Running for", "{{ obj.running_for|duration }}"),
+        generic.Fact("Cluster", "{% if obj.cluster %}{{ obj.cluster.name }}{% endif %}"),
+        generic.Fact("Why it waits", '{% if obj.state == "QUEUED" %}'
+                     '{{ obj.wait_reason|default:"waiting for the next scheduling cycle" }}{% endif %}',
+                     id="instance-reason"),
+        generic.Fact("Queue position", '{% if obj.state == "QUEUED" %}{{ obj.workspace_queue_position|default:"—" }} '
+                     'in the workspace, {{ obj.cluster_queue_position|default:"—" }} in the cluster{% endif %}'),
+        generic.Fact("Estimated start", '{% if obj.state == "QUEUED" %}{{ obj.estimated_start_at|until }}{% endif %}'),
+        generic.Fact("Failure", "{{ obj.failure_reason }}"),
+        generic.Fact("Ended by the portal", "{% if obj.stop_reason %}<span data-stop-reason>"
+                     "{{ obj.stop_reason }}</span>{% endif %}"),
+        generic.Fact("Ended", '{% if obj.finished_at %}{{ obj.finished_at|date:"j M Y, H:i" }}{% endif %}'),
+    ),
+)  # fmt: skip
+
+DETAIL = generic.Detail(
+    kind="instance",
+    list_title="Instances",
+    list_url_name="web:instances",
+    url_name="web:instance",
+    crumb='{% if not member %}Shared with you · {{ workspace.display_name|default:workspace.name }}{% endif %}',
+    subtitle="{% if not member %}Shared with you, {% if may_use %}read-write: open and start its notebooks, take its "
+    "kubeconfig{% else %}read-only: you see it and its notebooks{% endif %}.{% endif %}",
+    panels=(
+        STATUS,
+        generic.Panel(title="Notebooks on this instance", template="web/instances/_notebooks.html", live=True),
+        generic.Panel(title="GPU utilisation", template="web/_gpu_panel.html", wide=True, needs="gpu_panel"),
+        generic.Panel(title="Collaborators", template="web/instances/_collaborators.html", wide=True, needs="member"),
+        generic.Panel(title="Description", template="web/instances/_description.html", wide=True, needs="describes"),
+    ),
+    actions=(
+        generic.Action("New notebook on it", url=lambda workspace, instance: reverse(
+            "web:notebook-new", args=[workspace.name]) + f"?instance={instance.pk}",
+            when=lambda instance: instance.state not in (Instance.State.DELETED, Instance.State.FAILED)),
+        generic.Action("Download kubeconfig", url=generic.object_url("web:instance-kubeconfig"), download=True,
+                       when=lambda instance: instance.state != Instance.State.DELETED, needs="has_kubeconfig"),
+        generic.Action("Delete…", url=generic.object_url("web:instance-delete"), role=CHANGE, style="danger",
+                       when=lambda instance: instance.state != Instance.State.DELETED),
+    ),
+)  # fmt: skip
+
+
 @signed_in
 def instance_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     """An instance, for its workspace and for those it is shared with; its members see and change
     its collaborators here too (`instance_collaborators`)."""
     queryset = Instance.objects.select_related("workspace", "profile", "cluster", "created_by")
     workspace, instance = shared_for(request, ws, queryset, pk)
-    if is_fragment(request):
-        return page(request, "web/instances/_status.html", {"workspace": workspace, "instance": instance})
-    return page(request, "web/instances/detail.html", _detail_context(request, workspace, instance))
+    return generic.detail_page(request, workspace, instance, DETAIL, **_detail_context(request, workspace, instance))
 
 
 def _detail_context(request: HttpRequest, workspace: Workspace, instance: Instance, **extra: Any) -> dict[str, Any]:
+    """What the page's panels read beside the instance: its live notebooks, and, for its members,
+    its collaborators and the invitations to it."""
     member = is_member(request, workspace)
     changes = member and may_change(request, workspace)
     context = {
-        "workspace": workspace,
-        "instance": instance,
         "member": member,
-        "notebooks": instance.notebooks.filter(state__in=Notebook.LIVE_STATES).select_related("profile"),
-        "has_kubeconfig": kubeconfig_of(instance) is not None,
         "may_change": changes,
         "may_use": may(request.user, instance, USE),
-        "collaborators": instance.collaborators.select_related("user").order_by("user__username"),
-        "accesses": Collaborator.Access.choices,
-        "shared_invitations": _pending_invitations(instance) if changes else [],
-        "invitation_days": settings.PORTAL_INVITATION_DAYS,
-        "errors": {},
-        "values": {"email": "", "access": Collaborator.Access.WRITE},
+        "describes": changes and instance.state != Instance.State.DELETED,
+        "notebooks": instance.notebooks.filter(state__in=Notebook.LIVE_STATES).select_related("profile"),
+        # Only a running instance has one; read from its backend (kubeconfig_of).
+        "has_kubeconfig": instance.state == Instance.State.RUNNING and kubeconfig_of(instance) is not None,
         **extra,
     }
     if not member:  # a collaborator's page hears this instance alone
         context["live_workspaces"] = [f"instance:{instance.pk}"]
+    if is_fragment(request):  # the live part: the status and the notebooks
+        return context
+    context.update(
+        collaborators=instance.collaborators.select_related("user").order_by("user__username") if member else [],
+        accesses=Collaborator.Access.choices,
+        shared_invitations=_pending_invitations(instance) if changes else [],
+        invitation_days=settings.PORTAL_INVITATION_DAYS,
+    )
+    context.setdefault("errors", {})
+    context.setdefault("values", {"email": "", "access": Collaborator.Access.WRITE})
     if instance.gpus_per_replica:
         url = reverse("web:instance-gpu", kwargs={"ws": workspace.name, "pk": instance.pk})
         context.update(gpu_panel(workload_id=instance.pk, url=url))
@@ -203,7 +295,7 @@ def instance_collaborators(request: HttpRequest, ws: str, pk: int) -> HttpRespon
         return redirect("web:instance", ws=workspace.name, pk=instance.pk)
     values = {"email": request.POST.get("email", ""), "access": request.POST.get("access", "write")}
     context = _detail_context(request, workspace, instance, errors=errors, values=values)
-    return page(request, "web/instances/detail.html", context, status=400)
+    return generic.detail_page(request, workspace, instance, DETAIL, status=400, **context)
 
 
 def _collaborator_change(request: HttpRequest, instance: Instance, errors: Errors) -> str | None:
@@ -263,8 +355,26 @@ def instance_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
             messages.success(request, f"Instance {instance.name} was deleted.")
             return redirect("web:instances", ws=workspace.name)
     live_notebooks = instance.notebooks.filter(state__in=Notebook.LIVE_STATES).count()
-    context = {"workspace": workspace, "instance": instance, "errors": errors, "live_notebooks": live_notebooks}
-    return page(request, "web/instances/delete.html", context, status=409 if errors else 200)
+    stops = f" and stops its {live_notebooks} notebook{'s' if live_notebooks != 1 else ''}" if live_notebooks else ""
+    text = format_html(
+        "Deleting <strong>{}</strong> releases its GPUs ({}) at once{}. It is irreversible: the instance cannot be "
+        "started again.",
+        instance.name,
+        instance.profile.size_label,
+        stops,
+    )
+    return generic.confirm_page(
+        request,
+        workspace,
+        instance,
+        DETAIL,
+        question=f"Delete instance {instance.name}?",
+        text=text,
+        button="Delete permanently",
+        errors=errors,
+        refused_status=409,
+        member=True,
+    )
 
 
 @signed_in

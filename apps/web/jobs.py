@@ -1,5 +1,5 @@
-"""Jobs: the queue and history (the generic list, apps/web/generic.py), the submit form, the detail
-page with its live log, cancel."""
+"""Jobs: the queue and history, the submit form, a job's page with its live log, cancel. The list and
+the page are the generic ones (apps/web/generic.py), described here."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from apps.web.common import (
     action_kwargs,
     get_for,
     is_fragment,
-    may_change,
     page,
     refused,
     serializer_context,
@@ -208,6 +207,71 @@ def job_new(request: HttpRequest, ws: str) -> HttpResponse:
     return page(request, "web/jobs/new.html", context, status=400 if errors else 200)
 
 
+# -- a job's page ----------------------------------------------------------------------------------
+
+STATUS = generic.Panel(
+    title="Status",
+    live=True,
+    shows_state=True,
+    lead='{% if obj.progress is not None %}<div class="field"><label for="job-progress">Progress: '
+    "{{ obj.progress|percent }}%</label>"
+    '<progress id="job-progress" max="100" value="{{ obj.progress|percent }}">{{ obj.progress|percent }}%</progress>'
+    "</div>{% endif %}",
+    facts=(
+        generic.Fact("Why it waits", '{% if obj.state == "QUEUED" or obj.state == "PREEMPTED" %}'
+                     '{{ obj.wait_reason|default:"waiting for the next scheduling cycle" }}{% endif %}',
+                     id="job-reason"),
+        generic.Fact("Queue position", '{% if obj.state == "QUEUED" or obj.state == "PREEMPTED" %}'
+                     '{{ obj.workspace_queue_position|default:"—" }} in the workspace, '
+                     '{{ obj.cluster_queue_position|default:"—" }} in the cluster{% endif %}'),
+        generic.Fact("Estimated start", '{% if obj.state == "QUEUED" or obj.state == "PREEMPTED" %}'
+                     "{{ obj.estimated_start_at|until }}{% endif %}"),
+        generic.Fact("Cluster", "{% if obj.cluster %}{{ obj.cluster.name }}{% endif %}"),
+        generic.Fact("Started", '{% if obj.started_at %}{{ obj.started_at|date:"j M Y, H:i:s" }}{% endif %}'),
+        generic.Fact("Finished", '{% if obj.finished_at %}{{ obj.finished_at|date:"j M Y, H:i:s" }}{% endif %}'),
+        generic.Fact("Exit code", "{% if obj.exit_code is not None %}{{ obj.exit_code }}{% endif %}"),
+        generic.Fact("Failure", "{{ obj.failure_reason }}"),
+        generic.Fact("Attempts", "{% if obj.attempts > 1 %}{{ obj.attempts }}{% endif %}"),
+    ),
+    foot='{% include "web/jobs/_artifacts.html" %}',
+)  # fmt: skip
+
+SPEC = generic.Panel(
+    title="What it runs",
+    live=True,  # beside the status, in the part of the page that live updates render again
+    facts=(
+        generic.Fact("Command", "{% if obj.command %}<code>{{ obj.command }}</code>{% endif %}"),
+        generic.Fact("Image", "{% if obj.image %}<code>{{ obj.image }}</code>{% endif %}"),
+        generic.Fact("Resources", "{{ obj.replicas }} replica{{ obj.replicas|pluralize }} × "
+                     "{% if obj.gpus_per_replica %}{{ obj.gpus_per_replica|gpus }} {{ obj.gpu_type }}, {% endif %}"
+                     "{{ obj.cpu_cores }} CPU, {{ obj.memory_gb }} GB"),
+        generic.Fact("Priority", "{{ obj.priority }}{% if obj.preemptible %} · preemptible{% endif %}"),
+        generic.Fact("Max runtime", "{% if obj.max_runtime_s %}{{ obj.max_runtime_s|duration }}{% endif %}"),
+        generic.Fact("Environment", "{% for k, v in env %}<code>{{ k }}={{ v }}</code>{% if not forloop.last %}<br>"
+                     "{% endif %}{% endfor %}"),
+        generic.Fact("Submitted", '{{ obj.created_at|date:"j M Y, H:i:s" }}{% if obj.created_by %} by '
+                     "{{ obj.created_by.get_username }}{% endif %}"),
+    ),
+)  # fmt: skip
+
+DETAIL = generic.Detail(
+    kind="job",
+    list_title="Jobs",
+    list_url_name="web:jobs",
+    url_name="web:job",
+    panels=(
+        STATUS,
+        SPEC,
+        generic.Panel(title="GPU utilisation", template="web/_gpu_panel.html", wide=True, needs="gpu_panel"),
+        generic.Panel(title="Log", template="web/generic/_log.html", wide=True),
+    ),
+    actions=(
+        generic.Action("Cancel job", url=generic.object_url("web:job-cancel"), role=CHANGE, style="danger",
+                       method="post", when=lambda job: not job.is_final),
+    ),
+)  # fmt: skip
+
+
 @signed_in
 def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     workspace = workspace_for(request, ws)
@@ -217,20 +281,18 @@ def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
         pk=pk,
         workspace=workspace,
     )
-    context = {
-        "workspace": workspace,
-        "job": job,
-        "may_change": may_change(request, workspace),
-        "replicas": range(job.replicas),
+    started = job.state not in (Job.State.QUEUED, Job.State.ADMITTED)
+    extra = {
         "env": sorted(job.env.items()),
+        "log_url": reverse("job-logs", kwargs={"pk": job.pk}),
+        "log_waiting": "Loading…" if started else "The log starts when the job does.",
+        "log_replicas": range(job.replicas),
     }
-    context["fragment"] = is_fragment(request)
-    if not context["fragment"] and job.gpus_per_replica:
-        context.update(
+    if not is_fragment(request) and job.gpus_per_replica:
+        extra.update(
             gpu_panel(workload_id=job.pk, url=reverse("web:job-gpu", kwargs={"ws": workspace.name, "pk": job.pk}))
         )
-    template = "web/jobs/_status.html" if context["fragment"] else "web/jobs/detail.html"
-    return page(request, template, context)
+    return generic.detail_page(request, workspace, job, DETAIL, **extra)
 
 
 @signed_in

@@ -1,10 +1,11 @@
-"""Notebooks: the list (ready or still deploying), create on an instance, open, delete."""
+"""Notebooks: the list (ready or still deploying), create on an instance, a notebook's page (open
+it, start it again), delete. The list, the page and the delete confirmation are the generic ones
+(apps/web/generic.py), described here."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -16,12 +17,12 @@ from apps.compute import actions
 from apps.compute.api import NotebookSerializer
 from apps.compute.models import Instance, Notebook
 from apps.errors import ActionError
+from apps.web import generic
 from apps.web.common import (
     Errors,
     action_kwargs,
     is_fragment,
     is_member,
-    may_change,
     page,
     refused,
     serializer_context,
@@ -34,28 +35,62 @@ from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE, USE, may, restrict
 from apps.workspaces.models import Workspace
 
-PER_PAGE = 50
 FIELDS = {"name", "description", "profile", "instance"}
 # Instances a notebook can be put on (the launch action refuses the others).
 HOSTS = (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING)
 
 
+LISTING = generic.Listing(
+    kind="notebook",
+    title="Notebooks",
+    intro="Jupyter on your instances, opened in the browser with your portal sign-in.",
+    url_name="web:notebooks",
+    rows=lambda workspace: Notebook.objects.filter(workspace=workspace).select_related("instance", "profile"),
+    new_url_name="web:notebook-new",
+    new_label="New notebook",
+    tab_param="show",
+    tabs=(
+        # What runs, what failed, and what the portal stopped (culled: it can start again).
+        generic.Tab(
+            "live",
+            "Live",
+            None,
+            "No notebooks running",
+            where=Q(state__in=[*Notebook.LIVE_STATES, Notebook.State.FAILED]) | ~Q(stop_reason=""),
+        ),
+        generic.Tab("all", "All, deleted too", None, "No notebooks"),
+    ),
+    page_context=lambda workspace: {
+        "has_hosts": Instance.objects.filter(workspace=workspace, state__in=HOSTS).exists(),
+    },
+    empty="{% if has_hosts %}<p>Pick a notebook environment and one of your instances to run it on.</p>"
+    '{% if may_change %}<a class="btn btn-primary" href="{% url \'web:notebook-new\' workspace.name %}">New notebook'
+    "</a>{% endif %}{% else %}<p>A notebook runs on an instance: launch one first.</p>"
+    '{% if may_change %}<a class="btn btn-primary" href="{% url \'web:instance-new\' workspace.name %}">Launch an '
+    "instance</a>{% endif %}{% endif %}",
+    columns=(
+        generic.Column("Name", "<a href=\"{% url 'web:notebook' workspace.name obj.pk %}\">{{ obj.name }}</a>"),
+        generic.Column(
+            "Instance",
+            "<a href=\"{% url 'web:instance' workspace.name obj.instance_id %}\">{{ obj.instance.name }}</a>",
+        ),
+        generic.Column("Profile", "{{ obj.profile.display_name|default:obj.profile.name }}"),
+        generic.Column("Status", '{% include "web/_state.html" with state=obj.state label=obj.get_state_display %}'),
+        generic.Column(
+            "Open",
+            '{% if obj.state == "READY" %}<a class="btn btn-small btn-primary" href="{{ obj.url }}" target="_blank" '
+            'rel="noopener">Open Jupyter<span class="visually-hidden"> {{ obj.name }} (new tab)</span></a>'
+            '{% elif obj.state == "PENDING" or obj.state == "STARTING" %}<span class="muted small">deploying…</span>'
+            "{% endif %}",
+            hide_label=True,
+        ),
+    ),
+)
+
+
 @signed_in
 def notebook_list(request: HttpRequest, ws: str) -> HttpResponse:
-    workspace = workspace_for(request, ws)
-    show = request.GET.get("show", "live")
-    rows = Notebook.objects.filter(workspace=workspace).select_related("instance", "profile")
-    if show != "all":  # what runs, what failed, and what the portal stopped (culled: it can start again)
-        rows = rows.filter(Q(state__in=[*Notebook.LIVE_STATES, Notebook.State.FAILED]) | ~Q(stop_reason=""))
-    context = {
-        "workspace": workspace,
-        "page_obj": Paginator(rows, PER_PAGE).get_page(request.GET.get("page")),
-        "show": show,
-        "may_change": may_change(request, workspace),
-        "has_hosts": Instance.objects.filter(workspace=workspace, state__in=HOSTS).exists(),
-    }
-    template = "web/notebooks/_table.html" if is_fragment(request) else "web/notebooks/list.html"
-    return page(request, template, context)
+    return generic.list_page(request, ws, LISTING)
 
 
 @signed_in
@@ -115,6 +150,62 @@ def may_start_on(request: HttpRequest, workspace: Workspace, instances: QuerySet
     return True
 
 
+# -- a notebook's page ----------------------------------------------------------------------------
+
+# Above its facts: the way in while it is ready, what it waits for, or why it stopped and how to start it again.
+STATUS_LEAD = (
+    '{% if obj.state == "READY" %}<p><a class="btn btn-primary" id="open-notebook" href="{{ obj.url }}" '
+    'target="_blank" rel="noopener">Open Jupyter <span class="visually-hidden">(new tab)</span></a></p>'
+    '{% elif obj.state == "PENDING" or obj.state == "STARTING" %}'
+    '<p class="muted">Deploying: this page updates by itself when Jupyter is ready.</p>'
+    '{% elif obj.state == "STOPPED" %}{% if obj.stop_reason %}<p class="notice" data-stop-reason>Stopped by the '
+    "portal, {{ obj.stop_reason }}. Its files are where they were.</p>{% endif %}"
+    "{% if may_use and starts_again %}"
+    '<form method="post" action="{% url \'web:notebook-start\' workspace.name obj.pk %}">{% csrf_token %}'
+    '<button class="btn btn-primary" type="submit">Start again</button></form>{% endif %}{% endif %}'
+)
+
+STATUS = generic.Panel(
+    title="Status",
+    live=True,
+    shows_state=True,
+    lead=STATUS_LEAD,
+    facts=(
+        generic.Fact("Environment", "{{ obj.profile.display_name|default:obj.profile.name }}"),
+        generic.Fact("Instance", '<a href="{% url \'web:instance\' workspace.name obj.instance_id %}">'
+                     "{{ obj.instance.name }}</a> ({{ obj.instance.get_state_display|lower }})"),
+        generic.Fact("Created", '{{ obj.created_at|date:"j M Y, H:i" }}{% if obj.created_by %} by '
+                     "{{ obj.created_by.get_username }}{% endif %}"),
+        generic.Fact("Ready since", '{% if obj.started_at %}{{ obj.started_at|date:"j M Y, H:i" }}{% endif %}'),
+        generic.Fact("URL", "{% if absolute_url %}<code>{{ absolute_url }}</code>{% endif %}"),
+        generic.Fact("Token", '{% if may_use %}<div class="secret"><code id="nb-token">{{ obj.access_token }}</code>'
+                     '<button type="button" class="btn btn-small" data-copy="nb-token">Copy</button></div>{% endif %}'),
+        generic.Fact("Failure", "{{ obj.failure_reason }}"),
+    ),
+    foot='{% if may_use %}<p class="muted small">It opens on an address of its own, which never sees your portal '
+    "sign-in: the portal signs you in to it for you. The token is the Jupyter server's own secret, for clients that "
+    "cannot sign in that way (an IDE, a script): send <code>Authorization: token &lt;token&gt;</code>, or add "
+    "<code>?token=&lt;token&gt;</code> to its URL.</p>{% endif %}",
+)  # fmt: skip
+
+DETAIL = generic.Detail(
+    kind="notebook",
+    list_title="Notebooks",
+    list_url_name="web:notebooks",
+    url_name="web:notebook",
+    crumb="{% if not member %}Shared with you · <a href=\"{% url 'web:instance' workspace.name obj.instance_id %}\">"
+    "{{ obj.instance.name }}</a> in {{ workspace.name }}{% endif %}",
+    panels=(
+        STATUS,
+        generic.Panel(title="GPU utilisation", template="web/_gpu_panel.html", wide=True, needs="gpu_panel"),
+    ),
+    actions=(
+        generic.Action("Delete…", url=generic.object_url("web:notebook-delete"), style="danger",
+                       when=lambda notebook: notebook.state != Notebook.State.STOPPED),
+    ),
+)  # fmt: skip
+
+
 @signed_in
 def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     """A notebook, for its workspace and for those its instance is shared with: who may use it
@@ -122,27 +213,25 @@ def notebook_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     queryset = Notebook.objects.select_related("workspace", "instance", "profile", "created_by")
     workspace, notebook = shared_for(request, ws, queryset, pk)
     member = is_member(request, workspace)
-    context = {
-        "workspace": workspace,
-        "notebook": notebook,
+    extra = {
         "member": member,
-        "may_change": may(request.user, notebook, USE),
+        "may_use": may(request.user, notebook, USE),
+        "starts_again": notebook.instance.state in HOSTS,
         "absolute_url": request.build_absolute_uri(notebook.url) if notebook.url else "",
     }
     if not member:  # a collaborator's page hears its instance alone
-        context["live_workspaces"] = [f"instance:{notebook.instance_id}"]
-    fragment = is_fragment(request)
-    if not fragment and notebook.instance.gpus_per_replica:
+        extra["live_workspaces"] = [f"instance:{notebook.instance_id}"]
+    if not is_fragment(request) and notebook.instance.gpus_per_replica:
         url = reverse("web:notebook-gpu", kwargs={"ws": workspace.name, "pk": notebook.pk})
-        context.update(gpu_panel(workload_id=notebook.instance_id, url=url))
-    template = "web/notebooks/_status.html" if fragment else "web/notebooks/detail.html"
-    return page(request, template, context)
+        extra.update(gpu_panel(workload_id=notebook.instance_id, url=url))
+    return generic.detail_page(request, workspace, notebook, DETAIL, **extra)
 
 
 @signed_in
 def notebook_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
     """GET asks for confirmation; POST stops the notebook for good."""
     workspace, notebook = shared_for(request, ws, Notebook.objects.select_related("workspace", "instance"), pk, USE)
+    member = is_member(request, workspace)
     errors: Errors = {}
     if request.method == "POST":
         try:
@@ -151,11 +240,24 @@ def notebook_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
             errors["form"] = [exc.message]
         else:
             messages.success(request, f"Notebook {notebook.name} was deleted.")
-            if not is_member(request, workspace):
+            if not member:
                 return redirect("web:instance", ws=workspace.name, pk=notebook.instance_id)
             return redirect("web:notebooks", ws=workspace.name)
-    context = {"workspace": workspace, "notebook": notebook, "errors": errors}
-    return page(request, "web/notebooks/delete.html", context, status=409 if errors else 200)
+    return generic.confirm_page(
+        request,
+        workspace,
+        notebook,
+        DETAIL,
+        question=f"Delete notebook {notebook.name}?",
+        text=(
+            "The Jupyter server stops and its kernels end. Files it saved stay in the workspace's directory on "
+            f"instance {notebook.instance.name}."
+        ),
+        button="Delete permanently",
+        errors=errors,
+        refused_status=409,
+        member=member,
+    )
 
 
 @signed_in

@@ -102,10 +102,10 @@ def test_a_live_update_takes_the_cancel_button_away_once_the_job_ended(world: Wo
     alice = signed_in(world.alice)
     url = f"/w/team-a/jobs/{job.pk}/?part=status"
     queued = alice.get(url, headers={"HX-Request": "true"}).content.decode()
-    assert '<div id="job-actions" hx-swap-oob="true">' in queued and "Cancel job" in queued
+    assert '<div id="job-actions" class="actions" hx-swap-oob="true">' in queued and "Cancel job" in queued
     Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED, finished_at=timezone.now())
     ended = alice.get(url, headers={"HX-Request": "true"}).content.decode()
-    assert '<div id="job-actions" hx-swap-oob="true">' in ended and "Cancel job" not in ended
+    assert '<div id="job-actions" class="actions" hx-swap-oob="true">' in ended and "Cancel job" not in ended
     assert "Cancel job" not in alice.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
 
 
