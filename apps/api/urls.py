@@ -19,6 +19,7 @@ from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
 from apps.rayclusters.api import RayClusterViewSet
+from apps.workloads.api import WorkloadViewSet
 from apps.workspaces.api import CohortViewSet, GPUQuotaViewSet, MembershipViewSet, WorkspaceViewSet
 
 router = DefaultRouter()
@@ -34,6 +35,7 @@ router.register("notebooks", NotebookViewSet, basename="notebook")
 router.register("collaborators", CollaboratorViewSet, basename="collaborator")
 router.register("jobs", JobViewSet, basename="job")
 router.register("ray-clusters", RayClusterViewSet, basename="raycluster")
+router.register("workloads", WorkloadViewSet, basename="workload")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")

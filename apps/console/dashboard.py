@@ -7,18 +7,19 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Prefetch, Sum
+from django.db.models import Count, Prefetch, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 
-from apps.compute.models import Instance
 from apps.inventory.models import GPU, Allocation, Cluster
-from apps.jobs.models import Job
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import WINDOWS as SAMPLE_WINDOWS
 from apps.telemetry.record import latest, utilisation_series
 from apps.web.common import admin_only, is_fragment, page
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, quota_use
+from apps.web.worklist import queue_order, work_rows
+from apps.workloads import listing
+from apps.workloads.models import Workload
 from apps.workspaces.models import Workspace
 
 SHOWN = 50
@@ -65,27 +66,26 @@ def type_use(per_cluster: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @admin_only
 def dashboard(request: HttpRequest) -> HttpResponse:
-    pending_jobs = Job.objects.filter(state=Job.State.QUEUED).select_related("workspace", "created_by")
-    pending_instances = Instance.objects.filter(state=Instance.State.QUEUED).select_related("workspace", "profile")
-    by_position = F("cluster_queue_position").asc(nulls_last=True)
-    queue: list[Any] = sorted(
-        [
-            *(("job", j) for j in pending_jobs.order_by(by_position)[:SHOWN]),
-            *(("instance", i) for i in pending_instances.order_by(by_position)[:SHOWN]),
-        ],
-        key=lambda kw: (kw[1].cluster_queue_position is None, kw[1].cluster_queue_position or 0, kw[1].created_at),
-    )[:SHOWN]
+    """The queue of every kind the scheduler admits (waiting, or admitted and starting), what runs,
+    and utilisation per cluster, workspace and GPU type."""
+    kinds = listing.scheduled_kinds()
+    workloads = Workload.objects.all()
+    waiting, running = listing.in_states(listing.waiting, kinds), listing.in_states(listing.running, kinds)
+    counts = workloads.aggregate(
+        pending=Count("pk", filter=listing.in_states(listing.queued, kinds)),
+        waiting=Count("pk", filter=waiting),
+        running=Count("pk", filter=running),
+    )
     per_cluster = cluster_use()
     context = {
-        "queue": queue,
-        "pending_count": pending_jobs.count() + pending_instances.count(),
+        "queue": work_rows(workloads.filter(waiting).order_by(*queue_order(kinds)), SHOWN),
+        "pending_count": counts["pending"],
+        "starting_count": counts["waiting"] - counts["pending"],
         "per_cluster": per_cluster,
         "per_type": type_use(per_cluster),
         "per_workspace": [row for row in quota_use(list(Workspace.objects.order_by("name"))) if row.quota or row.used],
-        "running": Job.objects.filter(state=Job.State.RUNNING)
-        .select_related("workspace", "cluster")
-        .order_by("started_at")[:SHOWN],
-        "running_count": Job.objects.filter(state=Job.State.RUNNING).count(),
+        "running": work_rows(workloads.filter(running).order_by("started_at"), SHOWN),
+        "running_count": counts["running"],
         "windows": list(WINDOWS),
         "window": request.GET.get("window", DEFAULT_WINDOW),
         "live_workspaces": [],

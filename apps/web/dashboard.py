@@ -1,14 +1,16 @@
-"""A workspace's dashboard: my queue, GPU use over time against the quota, my jobs' progress, and
-its disk against its disk quota."""
+"""A workspace's dashboard: my queue and my running work (every kind's), GPU use over time against
+the quota, and its disk against its disk quota."""
 
 from __future__ import annotations
 
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from apps.jobs.models import Job
 from apps.web.common import is_fragment, page, signed_in, workspace_for
 from apps.web.usage import DEFAULT_WINDOW, WINDOWS, gpu_series, measured_series, quota_use
+from apps.web.worklist import work_rows
+from apps.workloads import listing
+from apps.workloads.models import Workload
 from apps.workspaces import disks
 from apps.workspaces.access import MANAGE, can
 from apps.workspaces.models import GPUQuota, WorkspaceDisk
@@ -19,24 +21,23 @@ SHOWN = 20
 @signed_in
 def dashboard(request: HttpRequest, ws: str) -> HttpResponse:
     workspace = workspace_for(request, ws)
-    mine = Job.objects.filter(workspace=workspace, created_by=request.user)
-    queue = mine.filter(state__in=[Job.State.QUEUED, Job.State.ADMITTED, Job.State.PREEMPTED]).order_by(
-        F("workspace_queue_position").asc(nulls_last=True), "created_at"
+    everything = Workload.objects.filter(workspace=workspace)
+    waiting, running = listing.in_states(listing.waiting), listing.in_states(listing.running)
+    mine = Q(created_by=request.user)
+    counts = everything.aggregate(
+        running=Count("pk", filter=running),
+        queued=Count("pk", filter=listing.in_states(listing.queued)),
+        my_running=Count("pk", filter=running & mine),
+        my_waiting=Count("pk", filter=waiting & mine),
     )
-    running = mine.filter(state=Job.State.RUNNING).order_by("started_at")
-    states = dict(
-        Job.objects.filter(workspace=workspace, state__in=Job.ACTIVE_STATES)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    queue = everything.filter(waiting & mine).order_by(F("workspace_queue_position").asc(nulls_last=True), "created_at")
     context = {
         "workspace": workspace,
-        "queue": queue[:SHOWN],
-        "queue_count": queue.count(),
-        "running": running[:SHOWN],
-        "running_count": running.count(),
-        "workspace_states": states,
+        "queue": work_rows(queue, SHOWN),
+        "queue_count": counts["my_waiting"],
+        "running": work_rows(everything.filter(running & mine).order_by("started_at"), SHOWN),
+        "running_count": counts["my_running"],
+        "workspace_counts": counts,
         "usage": quota_use([workspace]),
         "windows": list(WINDOWS),
         "window": request.GET.get("window", DEFAULT_WINDOW),

@@ -6,7 +6,7 @@ from typing import Any
 import django_filters
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db.models import Prefetch, Q, Sum
+from django.db.models import DecimalField, ExpressionWrapper, F, Prefetch, Q, Sum
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
@@ -14,9 +14,9 @@ from apps.api.fields import NameField, WorkspaceField
 from apps.api.strict import StrictModelSerializer
 from apps.api.views import IsAdminOrReadOnly, PortalViewSet, TenantViewSet
 from apps.catalog.models import ComputeProfile
-from apps.compute.models import Instance
 from apps.errors import RULE
-from apps.jobs.models import Job
+from apps.workloads.kinds import scheduled
+from apps.workloads.models import PodSet
 from apps.workspaces import actions
 from apps.workspaces.access import MANAGE, restrict, role_in, roles_in
 from apps.workspaces.models import Cohort, GPUQuota, Membership, Workspace, WorkspaceDisk
@@ -28,22 +28,19 @@ OWNER_FIELDS = {"display_name", "description"}
 
 
 def gpus_in_use(workspace_ids: list[int]) -> dict[tuple[int, str], Decimal]:
-    """GPUs held per (workspace, type) by admitted and running workloads, in two queries."""
-    used: dict[tuple[int, str], Decimal] = {}
-    live = (
-        (Instance, [Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING]),
-        (Job, [Job.State.ADMITTED, Job.State.RUNNING]),
+    """GPUs held per (workspace, type): the pod sets of every kind's workloads in a state in which
+    they hold their devices (their kind's `holding` states), in one query."""
+    holding = Q(pk__in=[])
+    for kind, traits in scheduled().items():
+        holding |= Q(workload__kind=kind, workload__state__in=traits.holding)
+    each = ExpressionWrapper(F("gpus") * F("replicas"), output_field=DecimalField(max_digits=12, decimal_places=3))
+    rows = (
+        PodSet.objects.filter(holding, workload__workspace_id__in=workspace_ids, gpus__gt=0)
+        .values("workload__workspace_id", "gpu_type")
+        .annotate(total=Sum(each))
+        .order_by()
     )
-    for model, states in live:
-        rows = (
-            model.objects.filter(workspace_id__in=workspace_ids, state__in=states, gpus_per_replica__gt=0)
-            .values("workspace_id", "gpu_type", "replicas")
-            .annotate(total=Sum("gpus_per_replica"))
-        )
-        for row in rows:
-            key = (row["workspace_id"], row["gpu_type"])
-            used[key] = used.get(key, Decimal("0")) + row["total"] * row["replicas"]
-    return used
+    return {(row["workload__workspace_id"], row["gpu_type"]): row["total"] for row in rows}
 
 
 def _shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -46,12 +46,13 @@ from gpuportal.ray import Cluster, ClusterConfiguration, CodeFlareClusterStatus,
 from gpuportal.rayclusters import ClusterStatus, RayCluster, RayNode  # noqa: E402
 from gpuportal.rayspec import RayClusterSpec  # noqa: E402
 from gpuportal.spec import JobSpec  # noqa: E402
+from gpuportal.workloads import Workload  # noqa: E402
 
 __all__ = [
     "APIError", "Artifact", "ArtifactError", "AuthenticationError", "Client", "Cluster", "ClusterConfiguration",
     "ClusterStatus", "CodeFlareClusterStatus", "ComputeProfile", "ConfigError", "Conflict", "GPUPortalError",
     "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound",
     "PermissionDenied", "PortalUnreachable", "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode",
-    "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout", "WorkloadFailed", "Workspace",
+    "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout", "Workload", "WorkloadFailed", "Workspace",
     "__version__",
 ]  # fmt: skip

@@ -19,6 +19,7 @@ from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalU
 from gpuportal.models import User
 from gpuportal.rayclusters import RayClusters
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
+from gpuportal.workloads import Workloads
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -28,8 +29,9 @@ RETRIES = 3
 class Client:
     """A connection to one portal, authenticated by an API token.
 
-    Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks``, ``jobs`` and
-    ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it). Errors
+    Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks``, ``jobs``,
+    ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it) and
+    ``workloads`` (every kind in one read-only list, with its kind). Errors
     are raised as the typed exceptions of ``gpuportal.errors``, with the portal's message.
     """
 
@@ -61,6 +63,7 @@ class Client:
         self.notebooks = Notebooks(self)
         self.jobs = Jobs(self)
         self.ray_clusters = RayClusters(self)
+        self.workloads = Workloads(self)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Client:

@@ -183,6 +183,11 @@ def more_ray_clusters(world: World, rows: range) -> None:
         ray_cluster(world, world.team_a, f"ray-{i}")
 
 
+def more_workloads(world: World, rows: range) -> None:
+    more_ray_clusters(world, rows)
+    more_jobs(world, rows)
+
+
 def membership(world: World, workspace: Workspace) -> Any:
     guest = do_save_user(get_user_model()(), username=f"guest-of-{workspace.name}", acting_user=world.admin)
     return do_set_membership(workspace, guest, Role.MEMBER, acting_user=world.admin)
@@ -424,6 +429,7 @@ ENDPOINTS = [
              actions=("cancel",), reads=("logs", "artifact"), more=more_jobs, workload_writes=True),
     Endpoint("ray-clusters", ray_cluster, create=lambda w, ws: {"workspace": ws.name, "name": "ray-2", "workers": 1},
              delete=True, reads=("logs", "artifact"), more=more_ray_clusters, workload_writes=True),
+    Endpoint("workloads", ray_cluster, more=more_workloads),
     Endpoint("clusters", lambda w, ws: Cluster.objects.get(name="local"), lookup="name", tenant=False,
              create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
              create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",

@@ -1,4 +1,5 @@
-"""Job commands: submit, ls, queue, status, logs, wait, cancel, artifacts.
+"""Job commands: submit, ls, queue, status, logs, wait, cancel, artifacts. `ls --kind` and `queue`
+list every kind of workload (client.workloads), with its kind.
 
 A Ray job (a spec with ``kind: ray``: a Ray cluster with an entrypoint) is submitted and followed
 with the same commands: its id is looked up as a job's first, then as a Ray cluster's
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -32,7 +34,7 @@ from gpuportal.cli.app import (
 )
 from gpuportal.cli.rayclusters import follow_cluster, parse_env, submit_ray_spec
 from gpuportal.client import Client
-from gpuportal.errors import NotFound, SpecError
+from gpuportal.errors import NotFound, SpecError, ValidationError
 from gpuportal.models import Job, Model, fmt_estimate
 from gpuportal.rayclusters import RayCluster, describe, find_cluster_or
 from gpuportal.spec import JobSpec, read_spec_file, spec_kind
@@ -145,41 +147,82 @@ def _follow(client: Client, job: Job, *, logs: bool, timeout: float | None, as_j
     raise click.exceptions.Exit(job_exit_code(job))
 
 
+KIND_HELP = "job, instance, notebook, raycluster..."
+
+
+def _kinds(kinds: tuple[str, ...]) -> list[str] | None:
+    """The kinds asked for with --kind, or None for every kind (none asked for, or `all`)."""
+    return None if not kinds or "all" in kinds else list(dict.fromkeys(kinds))
+
+
+@contextmanager
+def _kind_refusals() -> Iterator[None]:
+    """The portal's refusal of a kind, said of the --kind option that gave it."""
+    try:
+        yield
+    except ValidationError as exc:
+        said = exc.fields.get("kind__in") or exc.fields.get("kind")
+        if not said:
+            raise
+        fail(f"--kind: {' '.join(said)}", EXIT_USAGE)
+
+
 @cli.command("ls", epilog=examples(
     "gpuportal ls",
     "gpuportal ls -w demo-team --state RUNNING --state QUEUED",
+    "gpuportal ls --kind all                     # every kind of workload, with a Kind column",
+    "gpuportal ls -k raycluster -k instance --state RUNNING",
     "gpuportal ls --json -n 100",
 ))  # fmt: skip
 @workspace_option
-@click.option("--state", "states", multiple=True, help="Only jobs in this state (repeat).")
-@click.option("-n", "--limit", default=20, show_default=True, help="How many of the newest jobs.")
+@click.option("--state", "states", multiple=True, help="Only those in this state (repeat).")
+@click.option("-k", "--kind", "kinds", multiple=True, metavar="KIND",
+              help=f"List workloads of this kind instead of jobs ({KIND_HELP}, or all; repeat).")  # fmt: skip
+@click.option("-n", "--limit", default=20, show_default=True, help="How many of the newest.")
 @json_option
-def list_jobs(workspace: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
-    """List jobs, newest first."""
-    print_models(portal().jobs.list(workspace, list(states) or None, limit=limit), as_json)
+def list_jobs(
+    workspace: str | None, states: tuple[str, ...], kinds: tuple[str, ...], limit: int, as_json: bool
+) -> None:
+    """List jobs, newest first; with --kind, the workloads of those kinds (jobs, instances,
+    notebooks, Ray clusters...) in one list, with a Kind column."""
+    client = portal()
+    if not kinds:
+        print_models(client.jobs.list(workspace, list(states) or None, limit=limit), as_json)
+        return
+    with _kind_refusals():
+        listed = client.workloads.list(workspace, kind=_kinds(kinds), state=list(states) or None, limit=limit)
+    print_models(listed, as_json)
 
 
-@cli.command(epilog=examples("gpuportal queue", "gpuportal queue -w demo-team --json"))
+@cli.command(epilog=examples(
+    "gpuportal queue",
+    "gpuportal queue -w demo-team --json",
+    "gpuportal queue --kind raycluster",
+))  # fmt: skip
 @workspace_option
+@click.option("-k", "--kind", "kinds", multiple=True, metavar="KIND", help=f"Only this kind ({KIND_HELP}; repeat).")
 @json_option
-def queue(workspace: str | None, as_json: bool) -> None:
-    """Queued jobs in the cluster's order: position, why each waits, and its estimated start."""
-    jobs = portal().jobs.queue(workspace)
+def queue(workspace: str | None, kinds: tuple[str, ...], as_json: bool) -> None:
+    """Queued workloads of every kind (jobs, instances, Ray clusters...) in the cluster's order:
+    position, why each waits, and its estimated start."""
+    with _kind_refusals():
+        waiting = portal().workloads.queue(workspace, kind=_kinds(kinds))
     if as_json:
-        print_json([job.data for job in jobs])
+        print_json([workload.data for workload in waiting])
         return
     rows = [
         {
-            "Pos": str(job.queue_info.cluster_position or ""),
-            "In workspace": str(job.queue_info.position or ""),
-            "ID": str(job.id),
-            "Name": job.name,
-            "Workspace": job.workspace,
-            "GPUs": job.gpus,
-            "Estimated start": fmt_estimate(job.queue_info.estimated_start_at),
-            "Waiting because": job.queue_info.reason,
+            "Pos": str(workload.queue_info.cluster_position or ""),
+            "In workspace": str(workload.queue_info.position or ""),
+            "ID": str(workload.id),
+            "Name": workload.name,
+            "Workspace": workload.workspace,
+            "GPUs": workload.gpus,
+            "Kind": workload.kind,
+            "Estimated start": fmt_estimate(workload.queue_info.estimated_start_at),
+            "Waiting because": workload.queue_info.reason,
         }
-        for job in jobs
+        for workload in waiting
     ]
     print_table(rows)
 
