@@ -187,6 +187,10 @@ class Engine:
         # (tests compare the two, with the ledger's remembered answers off too).
         self.shortcuts = True
         self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
+        # Whether the last cycle left work that may preempt without a search, its searches used up
+        # (max_preemption_tries): a later cycle may decide otherwise even if nothing else changes.
+        self.cut_short = False
+        self.wanting: dict[str, frozenset[str]] | None = None  # per pass, see _would_borrow
 
     # -- feeding it --------------------------------------------------------------------------------
 
@@ -510,6 +514,8 @@ class Engine:
         self.ledger.forget_owed()
         self._owe_up_front()
         self.preemption.failed.clear()
+        self.cut_short = False
+        self.wanting = None
         cursor: dict[str, int] = {}
         heap: list[tuple[int, float, str]] = []
         for name, queue in self.queues.items():
@@ -550,11 +556,14 @@ class Engine:
                     if self._preempt_for(workload, now, decisions):
                         kind = reason = ""
                         blocked.clear()  # the evictions gave quota back
+                elif kind in ("quota", "placement") and self.policy.preemption and not self.cut_short:
+                    # No search left for it in this cycle: the next one must come on the period.
+                    self.cut_short = self.preemption.may_preempt_for(workload)
                 if kind:
                     reasons[key] = reason
                     if kind == "quota":
                         self._owe(workload)
-                    if kind != "held" and self._starving(workload):
+                    if kind != "held" and (self._starving(workload) or self._entitled(workload)):
                         self._hold_for(workload, kind, reason, reasons)
                     cursor[name] = position + 1
                     refused[name] += 1
@@ -634,8 +643,8 @@ class Engine:
         top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
         for gpu_type, _, share, replicas in queue.shapes:
             used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
-            if used + share * replicas <= nominal and (preempting or not self.ledger.owes_all(name, gpu_type)):
-                return False  # its refusal may preempt, or be for quota that is then owed to it
+            if used + share * replicas <= nominal:
+                return False  # its refusal may preempt, owe quota or hold nodes for it
             if preempting and any(p < top for p in self.priorities[name, gpu_type]):
                 return False
         for gpu_type, cluster, share, replicas in queue.shapes:
@@ -654,6 +663,38 @@ class Engine:
         units = workload.units
         within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
         return (2 * (0 if within else 1) + (0 if self._starving(workload) else 1), self._share(name), name)
+
+    def _entitled(self, workload: Workload) -> bool:
+        """Work that fits its workspace's nominal quota as it stands while another workspace uses, or
+        waits for, more than its own: the owner's, which borrowed work gives way to (portal only:
+        fifo and shared have no such claim). While no one borrows or waits to, it waits like any
+        work, and backfill goes past it. Those that only wait to borrow count too: a borrower whose
+        work ended a moment ago would otherwise take the owner's nodes again before they drain."""
+        if self.fifo or self.shared:
+            return False
+        name, gpu_type = workload.workspace, workload.gpu_type
+        if self.ledger.used[name, gpu_type] + workload.units > self.ledger.nominal(name, gpu_type):
+            return False
+        return bool(self._would_borrow(gpu_type) - {name})
+
+    def _would_borrow(self, gpu_type: str) -> frozenset[str]:
+        """The workspaces whose running and pending `gpu_type` work is more than their nominal quota:
+        those that borrow, or would as soon as GPUs are free (a gang of pod sets counted at its widest).
+        Worked out once a pass: admitting work moves it from pending to running, which leaves the
+        sum as it is, and the portal requeues what it evicts."""
+        if self.wanting is None:
+            demand: Counter[tuple[str, str]] = Counter()
+            for name, queue in self.queues.items():
+                for (t, _, share, replicas), count in queue.shapes.items():
+                    demand[name, t] += share * replicas * count
+            for key, used in self.ledger.used.items():
+                demand[key] += used
+            found: dict[str, set[str]] = defaultdict(set)
+            for (name, t), units in demand.items():
+                if units > self.ledger.nominal(name, t):
+                    found[t].add(name)
+            self.wanting = {t: frozenset(names) for t, names in found.items()}
+        return self.wanting.get(gpu_type, frozenset())
 
     def _starving(self, workload: Workload) -> bool:
         """A gang (several replicas, or more than one GPU) blocked for `starvation_s` or longer."""
@@ -679,30 +720,55 @@ class Engine:
                     self.ledger.owe(name, gpu_type, units * count)
 
     def _hold_for(self, workload: Workload, kind: str, reason: str, reasons: dict[str, str]) -> None:
-        """A starving gang: keep smaller work of its workspace off the quota it waits for, or all
-        smaller work off the nodes it waits for, except work declared to end before those free up."""
+        """A starving gang, or work within its workspace's nominal quota while others borrow or wait
+        to (`_entitled`): keep smaller work of its workspace off the quota a starving gang waits for,
+        and all other work off the nodes it needs, except work declared to end before those free up.
+        Nodes are held when placement refuses it, and, for entitled work, when quota does too: what
+        ends there is then kept for it in a shape it can use (whole devices for whole GPUs, a
+        device's share for a fraction) rather than taken again by the borrowers."""
         quota_key = (workload.workspace, workload.gpu_type)
-        if kind == "quota":
-            # Within its nominal quota, its workspace's own work gives the quota back to it as it ends
-            # (and what borrowers hold is owed to it). A gang that must borrow has nothing kept for it.
-            if quota_key not in self.held_quota and workload.units <= self.ledger.nominal(*quota_key):
-                self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
+        if kind == "quota" and workload.units > self.ledger.nominal(*quota_key):
+            return  # a gang that must borrow has nothing kept for it
+        if kind == "quota" and self._starving(workload) and quota_key not in self.held_quota:
+            self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
+        entitled = self._entitled(workload)
+        if kind == "quota" and not entitled:
+            # Its own workspace's work gives the quota back as it ends; nodes are held once it is
+            # placement that refuses it (holding them for as long as that takes would keep every
+            # other workspace off them for nothing).
             return
+        # Work within its nominal quota may start sooner than what runs there ends, by preemption,
+        # once that has run min_runtime_s: work that ends within min_runtime_s never stands in its way.
+        self._hold_nodes(
+            workload, reason, reasons, (self.clock or 0.0) + self.policy.min_runtime_s if entitled else None
+        )
+
+    def _hold_nodes(self, workload: Workload, reason: str, reasons: dict[str, str], cap: float | None) -> None:
+        """Hold the nodes `workload` needs, in the first of its pools that holds none yet: those with
+        the most whole free devices (then the freest device), one per replica. What may backfill
+        them must end before what runs there has ended (by its declared limits), or by `cap` if
+        that is sooner."""
         share = workload.widest_units
         for pool in self._pools_for(workload):
             if pool.held:
                 continue
             count = max(1, share // UNIT)
-            candidates = sorted(pool.nodes.values(), key=lambda n: (-n.whole, n.name))
+            candidates = sorted(
+                pool.nodes.values(), key=lambda n: (-n.whole, -max((f for f in n.free if f < UNIT), default=0), n.name)
+            )
             chosen = [n for n in candidates if n.capacity >= count][: workload.all_replicas]
             if len(chosen) < workload.all_replicas:
                 continue
             for node in chosen:
                 pool.hold(node)
             names = {node.name for node in chosen}
-            on_them = (r for r in self.running.values() if r.pool is pool and any(n.name in names for n, _ in r.held))
-            self.held_until[pool.cluster, pool.gpu_type] = self._declared_end(on_them)
-            reasons[workload.key] = f"{reason}; holding {len(chosen)} node(s) for it while work there finishes"
+            on_them = [r for r in self.running.values() if r.pool is pool and any(n.name in names for n, _ in r.held)]
+            until = self._declared_end(on_them)
+            if cap is not None:
+                until = cap if until is None else min(until, cap)
+            self.held_until[pool.cluster, pool.gpu_type] = until
+            what = "node(s) for it while work there finishes" if on_them else "free node(s) for it"
+            reasons[workload.key] = f"{reason}; holding {len(chosen)} {what}"
             return
 
     def _declared_end(self, running: Iterable[_Running]) -> float | None:

@@ -3,10 +3,15 @@ scheduling core (no Django): the engine asks, and does the evictions and the adm
 
 Bounded on purpose: only for work within its workspace's nominal quota (reclaiming what others
 borrowed) or above lower-priority work of its own workspace; never non-preemptible work or work
-younger than `Policy.min_runtime_s`. The search first tries the `Policy.max_victims` cheapest
-candidates (the fewest and cheapest of them that make room); where they do not, it chooses node by
-node among all candidates, so that the devices it frees form the placement the workload needs:
-no cap makes a legal reclaim impossible.
+younger than `Policy.min_runtime_s`. As in Kueue's reclaim within a cohort, any workload of another
+workspace that uses more than its nominal quota may be evicted for work within its own nominal
+quota, as long as that workspace is still above its nominal quota when it is evicted (the cheaper
+victims gone): what it uses above its quota is its "budget", and its last victim may take it
+below. The search first tries the `Policy.max_victims` cheapest candidates (the fewest and cheapest
+of them that make room); where they do not, it chooses
+node by node, and on each node device by device, among all candidates, so that the devices it frees
+form the placement the workload needs, whole devices or a share of one: no cap makes a legal
+reclaim impossible.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import UNIT, Policy, Preempt, Workload
 
 EMPTY: frozenset[str] = frozenset()
+Search = tuple[str, str, int, bool, str | None, float | None, bool]  # what a search's candidates depend on
 Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, thousandths)]) per replica
 
 
@@ -61,12 +67,10 @@ class Preemption:
         self.place = place
         self._borrowers: tuple[int, dict[str, frozenset[str]]] = (-1, {})  # (ledger version, per GPU type)
         # Searches that found no victims that make room, per kind of search (see choose), as (thousandths
-        # per replica, replicas, the borrowers then): within a pass (one `now`; work admitted in it is
+        # per replica, replicas, the borrowers and their budgets then): within a pass (one `now`; work admitted in it is
         # spared) a search as large or larger finds none either while the borrowers are the same and
         # nothing was evicted. The engine clears it every pass and after every eviction.
-        self.failed: dict[
-            tuple[str, str, int, bool, str | None, float | None, bool], list[tuple[int, int, frozenset[str]]]
-        ] = defaultdict(list)
+        self.failed: dict[Search, list[tuple[int, int, frozenset[tuple[str, int]]]]] = defaultdict(list)
 
     def may_preempt_for(self, workload: Workload) -> bool:
         """Preemption is for work within its workspace's nominal quota, or above lower-priority
@@ -81,7 +85,8 @@ class Preemption:
         """The fewest, cheapest running workloads whose eviction makes room for `workload`; none if
         no choice does. `spared` are the keys of workloads that may not be evicted (those admitted
         in this cycle)."""
-        borrowers = self.borrowers(workload.gpu_type)
+        budget = self.budget(workload)
+        borrowers = frozenset(budget.items())  # who may lose work, and how much
         name, gpu_type = workload.workspace, workload.gpu_type
         entitled = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
         # The candidates depend on these; whether they make room grows harder with the shape (a
@@ -94,10 +99,10 @@ class Preemption:
         if any(s <= share and r <= replicas and b == borrowers for s, r, b in self.failed.get(search, ())):
             return []
         everyone = self.victims(workload, now, spared)
-        victims = everyone[: self.policy.max_victims]
+        victims = self._within(everyone, budget)[: self.policy.max_victims]
         needed = self._fewest_that_fit(workload, victims) if victims else None
         if needed is None:  # the cheapest few cannot: choose node by node
-            chosen = self._minimal(workload, self.by_node(workload, everyone)) if victims else []
+            chosen = self._minimal(workload, self.by_node(workload, everyone, budget)) if victims else []
             if not chosen:
                 self.failed[search].append((share, replicas, borrowers))
             return chosen
@@ -132,14 +137,43 @@ class Preemption:
             for running in kept:
                 self._take_again(running)
 
-    def by_node(self, workload: Workload, victims: list[RunningWork]) -> list[RunningWork]:
-        """Victims chosen node by node (`victims` cheapest first): on each node, the cheapest that
-        free a replica's whole devices there; the nodes that take the fewest and cheapest; then, if
-        quota still refuses, the cheapest others. [] if no choice makes room."""
+    def budget(self, workload: Workload) -> dict[str, int]:
+        """What each other workspace uses above its nominal quota: its work may be evicted for
+        `workload` while some of that is left (Kueue's reclaim rule)."""
+        gpu_type, used, nominal = workload.gpu_type, self.ledger.used, self.ledger.nominal
+        return {
+            ws: used[ws, gpu_type] - nominal(ws, gpu_type)
+            for ws in self.borrowers(gpu_type)
+            if ws != workload.workspace
+        }
+
+    @staticmethod
+    def _within(victims: list[RunningWork], budget: Mapping[str, int]) -> list[RunningWork]:
+        """`victims` (cheapest first) less those of a workspace no longer above its nominal quota
+        once the cheaper ones are gone (every prefix keeps to the rule). Work of a workspace without
+        a budget (the workload's own, for priority) is not limited."""
+        left = dict(budget)
+        kept = []
+        for running in victims:
+            ws = running.workload.workspace
+            if ws in left:
+                if left[ws] <= 0:
+                    continue  # no longer above its nominal quota once the cheaper ones are gone
+                left[ws] -= running.units
+            kept.append(running)
+        return kept
+
+    def by_node(
+        self, workload: Workload, victims: list[RunningWork], budget: Mapping[str, int] | None = None
+    ) -> list[RunningWork]:
+        """Victims chosen node by node (`victims` cheapest first, each workspace's victims together
+        within its `budget`): on each node, the cheapest that free a replica's devices there (whole
+        devices, or one device's share for a fraction); the nodes that take the fewest and
+        cheapest; then, if quota still refuses, the cheapest others. [] if no choice makes room."""
         share = workload.widest_units
-        if share < UNIT or not victims:
-            return []  # a fraction of one device: the cheapest first find it
-        count = share // UNIT
+        if not victims:
+            return []
+        budget = budget or {}
         on_node: dict[tuple[int, str], list[RunningWork]] = defaultdict(list)
         pools: dict[int, Pool] = {}
         for running in victims:
@@ -153,15 +187,15 @@ class Preemption:
             plans: list[tuple[tuple[int, int], list[RunningWork]]] = []
             for node in pool.nodes.values():
                 on = on_node.get((pool_id, node.name))
-                if not on and node.whole < count:
+                if not on and (node.whole < share // UNIT if share >= UNIT else max(node.free, default=0) < share):
                     continue  # nothing to evict there, and not enough free
-                plan = self._free_on(node, count, on or [])
+                plan = self._free_on(node, share, self._within(on or [], budget))
                 if plan is not None:
                     plans.append(((len(plan), -node.whole), plan))
-            if len(plans) < workload.all_replicas:
-                continue
             plans.sort(key=lambda pair: pair[0])
-            picked = plans[: workload.all_replicas]
+            picked = self._together(plans, workload.all_replicas, budget)
+            if picked is None:
+                continue
             cost = (sum(c[0] for c, _ in picked),)
             if best is None or cost < best[0]:
                 chosen: list[RunningWork] = []
@@ -177,7 +211,11 @@ class Preemption:
         # Quota: evicting on those nodes may not give enough back. The fewest of the cheapest others
         # that do, found with a logarithmic number of checks (more victims never fit less).
         taken = {id(running) for running in chosen}
-        others = [running for running in victims if id(running) not in taken]
+        left = dict(budget)
+        for running in chosen:
+            if running.workload.workspace in left:
+                left[running.workload.workspace] -= running.units
+        others = self._within([running for running in victims if id(running) not in taken], left)
         needed = self._fewest_more(workload, chosen, others) if others else None
         if needed is None:
             return []
@@ -219,9 +257,44 @@ class Preemption:
                 self._take_again(running)
 
     @staticmethod
-    def _free_on(node: PoolNode, count: int, victims: list[RunningWork]) -> list[RunningWork] | None:
-        """The cheapest of `victims` whose eviction leaves `count` whole devices free on `node`
-        (what they hold there given back), or None if all of them do not."""
+    def _together(
+        plans: list[tuple[tuple[int, int], list[RunningWork]]], replicas: int, budget: Mapping[str, int]
+    ) -> list[tuple[tuple[int, int], list[RunningWork]]] | None:
+        """The cheapest `replicas` of the nodes' `plans` (cheapest first) whose victims together keep
+        every workspace within its budget, or None: a node whose plan would overdraw one is passed."""
+        left = dict(budget)
+        picked = []
+        for plan in plans:
+            after = dict(left)
+            if any(not Preemption._spend(after, running) for running in plan[1]):
+                continue
+            left = after
+            picked.append(plan)
+            if len(picked) == replicas:
+                return picked
+        return None
+
+    @staticmethod
+    def _spend(left: dict[str, int], running: RunningWork) -> bool:
+        """Take `running` out of its workspace's budget in `left`; False if that workspace is no
+        longer above its nominal quota (Kueue evicts from a workspace while it still borrows)."""
+        ws = running.workload.workspace
+        if ws not in left:
+            return True
+        if left[ws] <= 0:
+            return False
+        left[ws] -= running.units
+        return True
+
+    @staticmethod
+    def _free_on(node: PoolNode, share: int, victims: list[RunningWork]) -> list[RunningWork] | None:
+        """The cheapest of `victims` whose eviction frees a replica of `share` thousandths on `node`
+        (what they hold there given back): that many whole devices, or for a fraction one device
+        whose free share reaches it, choosing the device that takes the fewest victims; None if
+        all of them do not."""
+        if share < UNIT:
+            return Preemption._free_share_on(node, share, victims)
+        count = share // UNIT
         free = list(node.free)
         plan: list[RunningWork] = []
         for running in [None, *victims]:
@@ -234,6 +307,30 @@ class Preemption:
             if sum(1 for f in free if f >= UNIT) >= count:
                 return plan
         return None
+
+    @staticmethod
+    def _free_share_on(node: PoolNode, share: int, victims: list[RunningWork]) -> list[RunningWork] | None:
+        """A fraction: on each device of `node`, the cheapest of `victims` holding a share of it until
+        its free share reaches `share`; the device that takes the fewest (then the cheapest)."""
+        if any(f >= share for f in node.free):
+            return []
+        on_device: dict[int, list[tuple[int, RunningWork]]] = defaultdict(list)
+        for running in victims:
+            for held_node, devices in running.held:
+                if held_node is node:
+                    for position, units in devices:
+                        on_device[position].append((units, running))
+        best: list[RunningWork] | None = None
+        for position in sorted(on_device):
+            free, plan = node.free[position], []
+            for units, running in on_device[position]:
+                plan.append(running)
+                free += units
+                if free >= share:
+                    if best is None or len(plan) < len(best):
+                        best = plan
+                    break
+        return best
 
     def victims(self, workload: Workload, now: float, spared: Collection[str]) -> list[RunningWork]:
         """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it

@@ -4,7 +4,8 @@ Part of the pure scheduling core: no Django. The engine is fed submissions and c
 they happen on the trace's clock (nothing sleeps). As in the portal, a cycle runs when work
 arrives or ends and then every `--interval-s` while work is pending; a periodic cycle in which
 nothing arrived, ended or reached a rule of time (a victim's `min_runtime_s`, a gang's
-`starvation_s`) would decide exactly as the one before it, so it is skipped. The replay keeps its
+`starvation_s`) would decide exactly as the one before it, so it is skipped, unless the one before
+ran out of preemption searches (`max_preemption_tries`): then the next periodic cycle runs. The replay keeps its
 own books, independently of the engine, to count quota violations and partial gangs.
 
     python -m apps.scheduling.replay --trace jobs.csv --quotas quotas.csv \\
@@ -436,6 +437,10 @@ class Replay:
             # Victims go back in line at once, keeping their original place (seq, submit time).
             for preempt in decisions.preempted:
                 self._submit(self.progress[preempt.key], now)
+        if self.engine.cut_short:
+            # Its preemption searches ran out before all work that may preempt had one: the portal's
+            # next periodic cycle searches again, so it is not one that would decide as this one did.
+            self._wake_at(now + self.options.interval_s, now)
         if self.unestimated:
             self._record_estimates(now)
 

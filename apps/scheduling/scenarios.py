@@ -34,6 +34,8 @@ class Scenario:
     protected: frozenset[str]  # the ids of the jobs the promise is about
     # The promised bound on the protected team's wait, in seconds, under a policy.
     bound: Callable[[Policy, float], float]
+    # Knobs of the portal policy that differ from the replay's (e.g. a shorter min_runtime_s).
+    knobs: tuple[tuple[str, float], ...] = ()
 
 
 class _Trace:
@@ -98,7 +100,7 @@ def _flood_then_reclaim_stream() -> Scenario:
         None,
         t.done(),
         frozenset(t.protected),
-        _gang_bound(2 * HOUR),
+        _reclaim_gang_bound(2 * HOUR),  # what it drains of the borrower's work within its quota: 2 h at most
     )
 
 
@@ -136,9 +138,20 @@ def _reclaim_spread() -> Scenario:
 
 def _gang_bound(longest: float) -> Callable[[Policy, float], float]:
     def bound(policy: Policy, interval: float) -> float:
-        """Work of several GPUs in one shape: its quota back within min_runtime_s, its nodes held from
-        starvation_s and drained within the longest runtime of the work there; plus one period."""
+        """A gang waiting for its own workspace's work (beyond its quota as it stands): its nodes and
+        quota held from starvation_s and drained within the longest runtime of that work; plus one
+        period."""
         return max(policy.min_runtime_s, policy.starvation_s + longest) + interval
+
+    return bound
+
+
+def _reclaim_gang_bound(longest: float) -> Callable[[Policy, float], float]:
+    def bound(policy: Policy, interval: float) -> float:
+        """A gang within its nominal quota: its nodes held from its first refusal; what others run
+        there above their quotas evicted after min_runtime_s, their work within their quotas drained
+        within its longest runtime; plus one period."""
+        return max(policy.min_runtime_s, longest) + interval
 
     return bound
 
@@ -171,7 +184,7 @@ def _gangs_in_stream_borrowing() -> Scenario:
         None,
         t.done(),
         frozenset(t.protected),
-        _gang_bound(3 * HOUR),
+        _reclaim_gang_bound(3 * HOUR),  # some of the borrower's work on its nodes is within its quota
     )
 
 
@@ -229,23 +242,108 @@ def _fractions() -> Scenario:
     )
 
 
+def _gang_in_others_streams() -> Scenario:
+    t = _Trace()
+    # Two teams' streams of short 1-GPU jobs, more than their quotas together: both borrow the owner's
+    # idle quota, and their jobs, within their quotas or not, sit on every node.
+    t.stream("b", 0, 30 * HOUR, 120, [1.5 * HOUR, 2 * HOUR, 1 * HOUR], 1)
+    t.stream("c", 60, 30 * HOUR, 120, [1.5 * HOUR, 2 * HOUR, 1 * HOUR], 1)
+    t.add("owner", 10 * HOUR, 4 * HOUR, 16, protected=True)
+    return Scenario(
+        "gang-in-other-teams-streams",
+        "two teams' 1-GPU streams cover every node (min_runtime_s 1 h); the owner's 16-GPU gang fits its quota",
+        {"owner": 16, "b": 24, "c": 24},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+        (("min_runtime_s", HOUR),),
+    )
+
+
+def _gang_refused_for_quota() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 60 * HOUR, 7, count=4)  # 7 of every node's 8 GPUs, all borrowed
+    t.stream("other", 0, 40 * HOUR, 300, [1 * HOUR], 1)  # within its quota: the last GPU of every node
+    t.add("owner", 2 * HOUR, 4 * HOUR, 16, protected=True)
+    return Scenario(
+        "gang-refused-for-quota",
+        "a borrower holds the owner's quota, another team's jobs within its quota take the last GPU of "
+        "every node; the owner's 16-GPU gang is refused for quota and needs two whole nodes",
+        {"owner": 24, "other": 8},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        _reclaim_gang_bound(1 * HOUR),
+    )
+
+
+def _fraction_over_spread_quarters() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 30 * HOUR, "0.75", count=40)  # one on each of the 40 devices
+    t.add("borrower", 1, 30 * HOUR, "0.25", count=40)  # then a quarter on each: the cheapest victims
+    t.add("owner", 3 * HOUR, 5 * HOUR, "0.5", protected=True)
+    return Scenario(
+        "fraction-over-spread-quarters",
+        "a borrower's quarters, its cheapest victims, are each on a different device; the owner asks for a half",
+        {"owner": 8, "borrower": 32},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _whole_gpu_over_short_quarters() -> Scenario:
+    t = _Trace()
+    # Quarters shorter than min_runtime_s: never victims, and what ends is spread over devices.
+    t.stream("borrower", 0, 40 * HOUR, 60, [1200.0, 1800.0, 2400.0], "0.25")
+    t.add("owner", 2 * HOUR, 4 * HOUR, 1, protected=True)
+    return Scenario(
+        "whole-gpu-over-short-quarters",
+        "a borrower without quota streams short quarter-GPU jobs; the owner asks for one whole GPU",
+        {"owner": 8, "borrower": 0},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
+def _searches_run_out() -> Scenario:
+    t = _Trace()
+    t.add("borrower", 0, 40 * HOUR, 1, count=128)
+    t.add("owner", 3 * HOUR, 4 * HOUR, 1, count=100, protected=True)  # 100 searches: 64 a cycle
+    return Scenario(
+        "preemption-searches-run-out",
+        "the owner reclaims 100 GPUs from old borrowed jobs at once: more searches than one cycle allows",
+        {"owner": 128, "borrower": 0},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        lambda policy, interval: interval,  # the rest on the next period
+    )
+
+
 SCENARIOS: tuple[Callable[[], Scenario], ...] = (
     _flood_then_reclaim_small, _flood_then_reclaim_stream, _flood_then_reclaim_gangs, _reclaim_spread,
     _gangs_in_stream_one_team, _gangs_in_stream_borrowing, _no_quota, _blocked_queue, _fractions,
+    _gang_in_others_streams, _gang_refused_for_quota, _fraction_over_spread_quarters,
+    _whole_gpu_over_short_quarters, _searches_run_out,
 )  # fmt: skip
 
 POLICIES = ("portal", "fifo", "shared")
 
 
-def policy_named(name: str) -> Policy:
+def policy_named(name: str, knobs: tuple[tuple[str, float], ...] = ()) -> Policy:
     if name == "portal":
-        return PORTAL
+        return replace(PORTAL, **dict(knobs))  # type: ignore[arg-type]
     return Policy(name=name, preemption=False, starvation_s=PORTAL.starvation_s)  # type: ignore[arg-type]
 
 
 def run(scenario: Scenario, policy_name: str = "portal", interval_s: float = 2.0) -> dict[str, Any]:
     """Replay one scenario: the protected team's waits against the promised bound, and the rest."""
-    policy = policy_named(policy_name)
+    policy = policy_named(policy_name, scenario.knobs)
     options = replace(Options(), policy=policy, interval_s=interval_s, cohorts=scenario.cohorts)
     replay = Replay(list(scenario.jobs), scenario.quotas, options)
     metrics = replay.run()
@@ -253,7 +351,7 @@ def run(scenario: Scenario, policy_name: str = "portal", interval_s: float = 2.0
         replay.first_start[j] - replay.progress[j].job.submit_s for j in scenario.protected if j in replay.first_start
     ]
     unstarted = len(scenario.protected) - len(waits)  # rejected: a hard quota can never hold them
-    bound = scenario.bound(PORTAL, interval_s)
+    bound = scenario.bound(policy_named("portal", scenario.knobs), interval_s)
     worst = max(waits, default=0.0)
     return {
         "scenario": scenario.name,

@@ -180,3 +180,128 @@ def test_an_owners_single_gpu_work_starts_within_the_bound_whatever_the_borrower
     bound = PORTAL.min_runtime_s + 2.0
     waits = {j.job_id: replay.first_start[j.job_id] - j.submit_s for j in jobs if j.team == "owner"}
     assert max(waits.values()) <= bound, waits
+
+
+# --- reclaim keeps a victim's workspace at its nominal quota (Kueue's rule) ----------------------
+
+
+def _reclaim_from(borrower_jobs: list[tuple[str, str]], borrower_quota: str, ask: str = "1", owner_quota: str = "2"):
+    """The owner (none in use) asks for `ask` on a full node of 4 GPUs; the borrower runs
+    `borrower_jobs` (key, GPUs), older first, all past min_runtime_s."""
+    owner = ws("owner", owner_quota, cohort="lab", can_borrow=True)
+    borrower = ws("borrower", borrower_quota, cohort="lab", can_borrow=True)
+    engine = _engine([owner, borrower], [node("n1", "1", "1", "1", "1")])
+    for n, (key, gpus) in enumerate(borrower_jobs):
+        _run(engine, job(key, "borrower", gpus, seq=n), float(n))
+    engine.submit(job("o1", "owner", ask, seq=10))
+    return engine, engine.cycle(2 * HOUR)
+
+
+def test_reclaim_evicts_any_work_of_a_workspace_while_it_is_above_its_quota() -> None:
+    # The borrower uses 4 of its 2: the newest (cheapest) victim, a 2-GPU job, makes room.
+    engine, decisions = _reclaim_from([("old1", "1"), ("old2", "1"), ("new2", "2")], "2")
+    assert [p.key for p in decisions.preempted] == ["new2"] and admitted(decisions) == ["o1"]
+    # 2 above its quota of 2: two of its jobs may go, not a third, which the owner's 3 GPUs would need.
+    engine, decisions = _reclaim_from([(f"b{n}", "1") for n in range(4)], "2", ask="3", owner_quota="4")
+    assert decisions.preempted == [] and admitted(decisions) == []
+    assert engine.ledger.used["borrower", "h100"] == 4000
+
+
+@st.composite
+def _borrowers(draw: st.DrawFn) -> list[tuple[str, str]]:
+    return [(f"b{n}", draw(st.sampled_from(["0.25", "0.5", "1", "2"]))) for n in range(draw(st.integers(1, 10)))]
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(_borrowers(), st.sampled_from(["0", "1", "2"]), st.sampled_from(["0.25", "0.5", "1", "2"]))
+def test_reclaim_stops_at_a_workspaces_nominal_quota(jobs, quota, ask) -> None:
+    """Over random borrowers (shares and whole GPUs) on one node: reclaim evicts from the borrower
+    only while it is above its nominal quota, so it ends below it by less than its last victim."""
+    owner = ws("owner", "4", cohort="lab", can_borrow=True)
+    borrower = ws("borrower", quota, cohort="lab", can_borrow=True)
+    engine = _engine([owner, borrower], [node("n1", "1", "1", "1", "1")])
+    for n, (key, gpus) in enumerate(jobs):
+        engine.submit(job(key, "borrower", gpus, seq=n))
+    engine.cycle(0.0, explain=False)
+    engine.submit(job("o1", "owner", ask, seq=100))
+    decisions = engine.cycle(2 * HOUR, explain=False)
+    if decisions.preempted:
+        largest = max(int(Decimal(gpus) * 1000) for key, gpus in jobs if key in {p.key for p in decisions.preempted})
+        assert engine.ledger.used["borrower", "h100"] + largest > int(Decimal(quota) * 1000)
+
+
+# --- preemption frees a share of one device, device by device ------------------------------------
+
+
+def test_a_fraction_gets_victims_on_one_device_when_the_cheapest_are_spread() -> None:
+    """Quarters, the cheapest victims, one on each device: evicting them frees a quarter on each and
+    a half nowhere; the victims are chosen on one device instead."""
+    engine = _engine(
+        [ws("owner", "4", cohort="lab", can_borrow=True), ws("borrower", "0", cohort="lab", can_borrow=True)],
+        [node("n1", "1", "1", "1", "1")],
+        Policy(min_runtime_s=HOUR, starvation_s=HOUR, max_victims=4),
+    )
+    for n in range(4):
+        _run(engine, job(f"three{n}", "borrower", "0.75", seq=n), 0.0)
+    for n in range(4):
+        _run(engine, job(f"quarter{n}", "borrower", "0.25", seq=10 + n), 60.0)
+    engine.submit(job("o1", "owner", "0.5", seq=20))
+    decisions = engine.cycle(2 * HOUR, explain=False)
+    assert admitted(decisions) == ["o1"]
+    assert len(decisions.preempted) == 1  # the three quarters beside a quarter: its device is half free
+
+
+# --- owed in a shape the owner can use -----------------------------------------------------------
+
+
+def test_an_owners_whole_gpu_job_holds_a_node_that_borrowers_shares_may_not_refill() -> None:
+    engine = _engine(
+        [ws("owner", "2", cohort="lab", can_borrow=True), ws("borrower", "0", cohort="lab", can_borrow=True)],
+        [node("n1", "1", "1")],
+    )
+    _run(engine, job("q1", "borrower", "0.25"), 0.0)
+    _run(engine, job("q2", "borrower", "0.25", seq=1), 0.0)
+    # q1 and q2 share device 0; fill the rest with quarters so no device is whole.
+    for n in range(6):
+        _run(engine, job(f"f{n}", "borrower", "0.25", seq=2 + n), 0.0)
+    engine.submit(job("o1", "owner", "1", seq=20))
+    engine.submit(job("more", "borrower", "0.25", seq=21))
+    decisions = engine.cycle(60.0)  # the borrowers are too young to evict
+    assert admitted(decisions) == []
+    assert "holding 1 node(s)" in reasons(decisions)["o1"]
+
+
+def _owner_beside_a_borrower_at_its_quota(*pending: Workload) -> tuple[Engine, dict[str, str]]:
+    """The borrower runs its 6 GPUs' quota as two 3-GPU jobs, one on each node of 4: no node has the
+    2 the owner's job (within its quota of 2) asks for. `pending` are submitted after it."""
+    workspaces = [
+        ws("owner", "2", cohort="lab", can_borrow=True),
+        ws("borrower", "6", cohort="lab", can_borrow=True),
+        ws("other", "1", cohort="lab", can_borrow=True),
+    ]
+    engine = _engine(workspaces, [node("n1", "1", "1", "1", "1"), node("n2", "1", "1", "1", "1")])
+    _run(engine, job("b0", "borrower", "3"), 0.0)
+    _run(engine, job("b1", "borrower", "3", seq=1), 0.0)
+    engine.submit(job("o1", "owner", "2", seq=10))
+    for workload in pending:
+        engine.submit(workload)
+    engine.cycle(60.0, explain=False)  # the borrowers are too young to evict
+    return engine, reasons(engine.cycle(60.0))
+
+
+def test_an_owner_has_nodes_held_while_a_borrower_at_its_quota_waits_to_borrow() -> None:
+    """The borrower is at its quota, not above it, but has more waiting: its next job would borrow the
+    owner's idle quota on the very nodes the owner needs, so one is held for the owner."""
+    engine, why = _owner_beside_a_borrower_at_its_quota(job("more", "borrower", "1", seq=11))
+    assert "holding 1 node(s) for it while work there finishes" in why["o1"]
+    free = {n.name: n.whole for pool in engine.pools.values() for n in pool.nodes.values()}
+    assert free == {"n1": 1, "n2": 0}  # the borrower's next job went to the node not held
+    assert engine.ledger.used["borrower", "h100"] == 7000
+
+
+def test_backfill_goes_past_an_owners_work_while_no_one_borrows_or_waits_to() -> None:
+    """No other workspace wants more than its quota: nothing is owed to the owner's job, so nothing
+    is held for it, and another workspace's work within its quota starts where it fits."""
+    engine, why = _owner_beside_a_borrower_at_its_quota(job("x1", "other", "1", seq=11))
+    assert why["o1"] == "waiting for a node with 2 free h100"
+    assert "x1" not in engine.pending

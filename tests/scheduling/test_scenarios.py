@@ -211,7 +211,9 @@ def test_it_never_preempts_non_preemptible_work() -> None:
         )
     )
     assert decisions.preempted == []
-    assert reasons(decisions) == {"job:a": "waiting for a node with 4 free h100"}
+    assert reasons(decisions) == {
+        "job:a": "waiting for a node with 4 free h100; holding 1 node(s) for it while work there finishes"
+    }
 
 
 def test_it_picks_a_preemptible_victim_over_a_protected_one() -> None:
@@ -313,7 +315,8 @@ def test_it_preempts_nothing_when_even_every_victim_would_not_make_room() -> Non
     )
     assert decisions.preempted == []
     assert reasons(decisions) == {
-        "job:a": "waiting for quota: 4 of workspace team-a's 8 h100 are lent to others in cohort lab"
+        "job:a": "waiting for quota: 4 of workspace team-a's 8 h100 are lent to others in cohort lab; "
+        "holding 1 node(s) for it while work there finishes"
     }
 
 
@@ -335,7 +338,8 @@ def test_it_keeps_a_cohort_within_its_quotas_when_another_cohort_has_idle_gpus()
     decisions = schedule(snapshot(workspaces, nodes, keep, [job("job:a", "team-a", "4")]))
     assert admitted(decisions) == [] and decisions.preempted == []
     assert reasons(decisions) == {
-        "job:a": "waiting for quota: 4 of workspace team-a's 4 h100 are lent to others in cohort lab"
+        "job:a": "waiting for quota: 4 of workspace team-a's 4 h100 are lent to others in cohort lab; "
+        "holding 1 free node(s) for it"
     }
 
 
