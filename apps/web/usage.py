@@ -1,7 +1,8 @@
 """GPU use now and over time, read from the workloads' own admission and run times.
 
-Nothing is sampled: a job's attempts say when it ran, an instance's admission and end say
-when it held its GPUs. The series are the average GPUs held in each time bucket.
+Nothing is sampled: a job's attempts say when it ran, another kind's admission and end (an
+instance's, a Ray cluster's) say when its pod sets held their GPUs. The series are the average
+GPUs held in each time bucket.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.compute.models import Instance
 from apps.jobs.models import Job, JobAttempt
+from apps.workloads.kinds import scheduled
+from apps.workloads.models import PodSet
 from apps.workspaces.api import gpus_in_use
 from apps.workspaces.models import GPUQuota
 
@@ -62,7 +64,9 @@ def quota_use(workspaces: list[Any]) -> list[QuotaUse]:
 def held_intervals(
     workspace_ids: list[int] | None, start: datetime, now: datetime
 ) -> list[tuple[str, float, Any, Any]]:
-    """(gpu type, GPUs, from, to) for everything that held GPUs during [start, now]."""
+    """(gpu type, GPUs, from, to) for everything that held GPUs during [start, now]: a job's
+    attempts (a job may run several times), and every other kind the scheduler admits from its
+    admission to its end, with what its pod sets hold (the kind registry says which states hold)."""
 
     def mine(prefix: str = "") -> Q:
         return Q(**{f"{prefix}workspace_id__in": workspace_ids}) if workspace_ids is not None else Q()
@@ -82,19 +86,21 @@ def held_intervals(
         "gpu_type", "gpus_per_replica", "replicas", "admitted_at"
     ):
         out.append((gpu_type, float(per_replica * replicas), began, now))
-    instances = Instance.objects.filter(
-        mine(),
-        Q(
-            finished_at__isnull=True,
-            state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.DELETING],
-        )
-        | Q(finished_at__gt=start),
-        gpus_per_replica__gt=0,
-        admitted_at__isnull=False,
-        admitted_at__lt=now,
-    ).values_list("gpu_type", "gpus_per_replica", "admitted_at", "finished_at")
-    for gpu_type, gpus, began, ended in instances:
-        out.append((gpu_type, float(gpus), began, ended or now))
+    holding = Q()
+    for name, scheduling in scheduled().items():
+        if name != "job":  # jobs: their attempts, above
+            holding |= Q(workload__kind=name, workload__state__in=scheduling.holding)
+    if not holding:
+        return out
+    held = PodSet.objects.filter(
+        mine("workload__"),
+        Q(workload__finished_at__isnull=True) & holding | Q(workload__finished_at__gt=start),
+        gpus__gt=0,
+        workload__admitted_at__isnull=False,
+        workload__admitted_at__lt=now,
+    ).values_list("gpu_type", "gpus", "replicas", "workload__admitted_at", "workload__finished_at")
+    for gpu_type, per_replica, replicas, began, ended in held:
+        out.append((gpu_type, float(per_replica * replicas), began, ended or now))
     return out
 
 

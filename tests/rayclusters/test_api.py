@@ -94,3 +94,26 @@ def test_deleting_a_queued_cluster_ends_it_at_once(world: World) -> None:
     assert client.delete(f"{URL}{made['id']}/").status_code == 204
     assert client.get(f"{URL}{made['id']}/").json()["state"] == "STOPPED"
     assert client.delete(f"{URL}{made['id']}/").status_code == 409
+
+
+def test_gpu_use_over_time_counts_a_clusters_workers_from_admission_to_its_end(world: World) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.web.usage import held_intervals
+
+    client = world.client(world.alice)
+    made = client.post(URL, _cluster(name="held"), format="json").json()  # 2 workers x 2 GPUs, the head none
+    run_cycle()
+    now = timezone.now()
+    held = held_intervals([world.team_a.pk], now - timedelta(hours=1), now)
+    assert [(t, g) for t, g, _, _ in held] == [("h100", 4.0)]
+    assert held_intervals([world.team_b.pk], now - timedelta(hours=1), now) == []
+    cluster = RayCluster.objects.get(pk=made["id"])
+    cluster.state, cluster.finished_at = RayCluster.State.STOPPED, now - timedelta(minutes=5)
+    cluster.save(update_fields=["state", "finished_at"])
+    assert [(g, end) for _, g, _, end in held_intervals([world.team_a.pk], now - timedelta(hours=1), now)] == [
+        (4.0, cluster.finished_at)
+    ]
+    assert held_intervals([world.team_a.pk], now - timedelta(minutes=1), now) == []  # ended before the window
