@@ -228,12 +228,13 @@
     });
     document.querySelectorAll("[data-log-url]").forEach(followLog);
     document.querySelectorAll("[data-chart-url]").forEach(drawChart);
-    document.querySelectorAll("[data-copy]").forEach((button) => {
-      button.addEventListener("click", async () => {
-        const target = document.getElementById(button.dataset.copy);
-        try { await navigator.clipboard.writeText(target.textContent.trim()); button.textContent = "Copied"; }
-        catch (e) { button.textContent = "Select and copy"; }
-      });
+    // One listener for every Copy button, those a live update renders later included.
+    document.addEventListener("click", async (event) => {
+      const button = event.target.closest("[data-copy]");
+      if (!button) return;
+      const target = document.getElementById(button.dataset.copy);
+      try { await navigator.clipboard.writeText(target.textContent.trim()); button.textContent = "Copied"; }
+      catch (e) { button.textContent = "Select and copy"; }
     });
   });
 })();

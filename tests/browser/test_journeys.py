@@ -174,6 +174,10 @@ def test_a_newcomer_launches_an_instance_a_notebook_and_a_job(
     page.get_by_label("Environment").select_option("kernel-only")
     page.get_by_role("button", name="Start notebook").click()
     expect(page.locator("#notebook-status [data-state]")).to_have_text("Ready", timeout=120_000)
+    # Its token's Copy button answers although a live update rendered it (the status became Ready)
+    copy = page.locator("#notebook-status [data-copy]")
+    copy.click()
+    expect(copy).to_have_text(re.compile("^(Copied|Select and copy)$"))
 
     # 4. open it and run a cell: it opens on a host of its own, where the portal's sign-in is
     # handed over (a one-time code) and Jupyter's own session runs the kernel
