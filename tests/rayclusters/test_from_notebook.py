@@ -73,6 +73,9 @@ def short_work(proxy: Proxy, settings: Any, tmp_path: Path) -> Iterator[Path]:
     work.mkdir(mode=0o711)
     settings.PORTAL_WORK_DIR = work
     settings.PORTAL_RAY_START_TIMEOUT_S = 240
+    # The notebook's start builds its environment (JupyterLab and Ray, ~600 MB) on a machine that has
+    # none yet: minutes on a fresh, loaded one.
+    settings.PORTAL_NOTEBOOK_START_TIMEOUT_S = 900
     try:
         yield work
     finally:
