@@ -2,6 +2,7 @@
 
     DATABASE_URL=postgres://... .venv/bin/python bench/reconcile.py [--workloads 5000] [--passes 5]
         [--backends local,slurm,kubernetes] [--local-jobs 100] [--slurm-running 16] [--unbatched-slurm]
+        [--kubernetes-workloads N] [--kubernetes-pods] [--unbatched-kubernetes]
 
 Makes a throwaway database (test_<name>) on the DATABASE_URL server with one workspace and
 `--workloads` jobs in RUNNING, each with the backend state of a real workload, then times
@@ -18,8 +19,13 @@ Makes a throwaway database (test_<name>) on the DATABASE_URL server with one wor
   directory and a log holding `PROGRESS 0.5`. All are cancelled at the end.
   `--unbatched-slurm` adds one pass with `host.polling` turned off (a squeue per job), to compare.
 - **kubernetes**: the Kubernetes API emulator of tests/backends/kmock_cluster.py, in a process of
-  its own (its CPU is not the portal's), holding `--workloads` Jobs submitted by the backend
-  (`submit()`: a suspended Job and its Service in the workspace's namespace).
+  its own (its CPU is not the portal's), holding `--kubernetes-workloads` (default: `--workloads`)
+  Jobs submitted by the backend (`submit()`: a suspended Job and its Service in the workspace's
+  namespace; the workspace's namespace objects are created by the first submit only, as the others'
+  would be 409s converged again). With `--kubernetes-pods` each Job also has its pod (as once it is
+  released), so each pass reads each job's log for its progress: a request per job, which no LIST
+  saves (the emulator answers a log with the pod). `--unbatched-kubernetes` adds one pass with
+  `host.polling` turned off (a GET of each Job, a LIST of its pods), to compare.
 
 Each pass reports the portal process's CPU seconds (`time.process_time()`, every thread of it), the
 CPU its children used (squeue and sacct: `os.times()`), wall seconds, the number of Slurm commands
@@ -60,10 +66,24 @@ from django.db import connection, transaction  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 
 BENCH_OWNER = "gpuportal-bench-reconcile"  # the Slurm jobs' comment: nothing else sweeps them
+# kmock keeps every request it served and scans them all for each new one (its reactions match against that log):
+# tens of thousands of requests would cost it minutes each. Nothing here reads the log, so the bench's emulator keeps
+# the last few (those still being served among them).
 EMULATOR = """
 import sys, threading
 sys.path.insert(0, {root!r})
+from kmock._internal import apps
 from tests.backends.kmock_cluster import running_emulator
+
+serve = apps.RawHandler.__call__
+
+async def serve_and_forget(self, raw_request):
+    try:
+        return await serve(self, raw_request)
+    finally:
+        del self._requests[:-64]
+
+apps.RawHandler.__call__ = serve_and_forget
 with running_emulator() as emulator:
     print(emulator.url, flush=True)
     sys.stdin.read()
@@ -208,7 +228,6 @@ def bench_local(ids: list[int], count: int, real_jobs: int, work: Path) -> dict[
 
 def bench_slurm(ids: list[int], count: int, running: int, work: Path, unbatched: bool) -> dict[str, Any]:
     from apps.inventory.models import Cluster
-    from apps.workloads import host
     from workers.backends.base import JobSpec
     from workers.backends.slurm import _job_state
 
@@ -232,16 +251,23 @@ def bench_slurm(ids: list[int], count: int, running: int, work: Path, unbatched:
             time.sleep(0.5)  # until Slurm runs those it can
         result = summary(passes(count, len(ids)), backend="slurm", squeue_states=dict(seen))
         if unbatched:
-            real = host.polling
-            host.polling = lambda watched: contextlib.nullcontext()  # type: ignore[assignment,misc]
-            try:
-                result["unbatched"] = summary(passes(1, len(ids)))
-            finally:
-                host.polling = real
+            result["unbatched"] = unbatched_pass(len(ids))
         return result
     finally:
         if states:
             subprocess.run(["scancel", *(s["job_id"] for s in states.values())], capture_output=True, check=False)
+
+
+def unbatched_pass(workloads: int) -> dict[str, Any]:
+    """A pass (after a warm-up) with `host.polling` turned off: each workload asked alone."""
+    from apps.workloads import host
+
+    real = host.polling
+    host.polling = lambda watched: contextlib.nullcontext()  # type: ignore[assignment,misc]
+    try:
+        return summary(passes(1, workloads))
+    finally:
+        host.polling = real
 
 
 def _listed() -> Counter[str]:
@@ -250,10 +276,19 @@ def _listed() -> Counter[str]:
     return Counter(line.split()[1] for line in listed.splitlines() if line.split()[0] == BENCH_OWNER)
 
 
-def bench_kubernetes(ids: list[int], count: int) -> dict[str, Any]:
+def bench_kubernetes(ids: list[int], count: int, unbatched: bool, pods: bool) -> dict[str, Any]:
+    import requests
+
     from apps.inventory.models import Cluster
     from workers.backends.base import JobSpec
     from workers.backends.kubernetes import KubernetesBackend
+
+    class InItsNamespace(KubernetesBackend):
+        """Its ``submit()`` leaves the workspace's jobs namespace (Namespace, NetworkPolicy) alone: the first
+        submit made it, and each other would only converge it again (six requests)."""
+
+        def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+            return dict(manifest) if manifest["kind"] in ("Namespace", "NetworkPolicy") else super()._create(manifest)
 
     emulator = subprocess.Popen(
         [sys.executable, "-c", EMULATOR.format(root=str(ROOT))],
@@ -266,18 +301,38 @@ def bench_kubernetes(ids: list[int], count: int) -> dict[str, Any]:
         url = emulator.stdout.readline().strip()
         connection_settings = {"host": url, "request_timeout_s": 30}
         cluster = Cluster.objects.create(name="k8s", kind=Cluster.Kind.KUBERNETES, connection=connection_settings)
-        states = {}
+        states: dict[int, dict[str, Any]] = {}
         for pk in ids:
-            backend = KubernetesBackend.from_connection(connection_settings)
+            backend = (InItsNamespace if states else KubernetesBackend).from_connection(connection_settings)
             backend.submit(JobSpec(key=f"job-{pk}", workspace="bench", name="bench", command="sleep 3600",
                                    work_dir="/unused", image="python:3.12-slim"))  # fmt: skip
             states[pk] = backend.get_state()
+            if pods:
+                pod = job_pod(states[pk])
+                requests.post(f"{url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods", json=pod, timeout=30)
         place(ids, cluster, lambda n, pk: states[pk])
-        return summary(passes(count, len(ids)), backend="kubernetes")
+        result = summary(passes(count, len(ids)), backend="kubernetes", pods=pods)
+        if unbatched:
+            result["unbatched"] = unbatched_pass(len(ids))
+        return result
     finally:
         if emulator.stdin is not None:
             emulator.stdin.close()
         emulator.wait(timeout=30)
+
+
+def job_pod(state: dict[str, Any]) -> dict[str, Any]:
+    """The pod of completion index 0 the Job controller makes of a submitted job's Job once it is released,
+    labelled as it labels it (the Job template's labels, and its own)."""
+    from workers.backends import kubernetes_objects as ko
+    from workers.backends.kubernetes import _workload_name
+
+    owner = ko.jobs_owner(state["workspace"], ko.KubeSettings())
+    labels = ko.portal_labels(owner, "job", _workload_name(state["key"])) | {
+        "batch.kubernetes.io/job-name": state["job"],
+        "batch.kubernetes.io/job-completion-index": "0",
+    }
+    return {"metadata": {"name": f"{state['job']}-0-bench", "namespace": state["namespace"], "labels": labels}}
 
 
 def main() -> int:
@@ -286,9 +341,11 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--backends", default="local,slurm,kubernetes")
     parser.add_argument("--local-jobs", type=int, default=100)
-    parser.add_argument("--kubernetes-workloads", type=int, default=300)
+    parser.add_argument("--kubernetes-workloads", type=int, default=None)
     parser.add_argument("--slurm-running", type=int, default=16)
     parser.add_argument("--unbatched-slurm", action="store_true")
+    parser.add_argument("--kubernetes-pods", action="store_true")
+    parser.add_argument("--unbatched-kubernetes", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if connection.vendor != "postgresql":
@@ -309,7 +366,10 @@ def main() -> int:
                 slurm_work = work / "slurm"
                 results["slurm"] = bench_slurm(ids, args.passes, args.slurm_running, slurm_work, args.unbatched_slurm)
             elif backend == "kubernetes":
-                results["kubernetes"] = bench_kubernetes(ids[: args.kubernetes_workloads], args.passes)
+                kubernetes_ids = ids[: args.kubernetes_workloads or args.workloads]
+                results["kubernetes"] = bench_kubernetes(
+                    kubernetes_ids, args.passes, args.unbatched_kubernetes, args.kubernetes_pods
+                )
             print(json.dumps({k: v for k, v in results[backend].items() if k != "runs"}), flush=True)
     finally:
         connection.creation.destroy_test_db(name, verbosity=0)

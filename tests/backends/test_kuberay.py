@@ -10,13 +10,16 @@ variables is checked against the installed Ray.
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib.metadata
+import inspect
 import json
 import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from types import SimpleNamespace
@@ -31,7 +34,7 @@ from tests.backends.test_kubernetes_isolation import Pod, ingress_allowed, restr
 from workers.backends import BackendError, PolicyRefusal, Status
 from workers.backends import kuberay_objects as kro
 from workers.backends import kubernetes_objects as ko
-from workers.backends.base import TIMEOUT_EXIT_CODE, UNKNOWN_EXIT_CODE, NodeGroup, RayClusterSpec
+from workers.backends.base import TIMEOUT_EXIT_CODE, UNKNOWN_EXIT_CODE, Keep, NodeGroup, RayClusterSpec
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.registry import backend_for
 
@@ -414,6 +417,63 @@ def test_it_reads_readiness_and_outcomes_from_kuberays_status() -> None:
     assert never == (UNKNOWN_EXIT_CODE, "the RayJob failed: submitter failed")
 
 
+def test_a_failed_ray_jobs_exit_code_is_its_entrypoints() -> None:
+    # KubeRay v1.7.0 has no field for it, but copies the Ray job's message into the RayJob's status.message.
+    def failed(message: str) -> tuple[int, str] | None:
+        status = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "message": message}
+        return kro.job_outcome({"status": status})
+
+    logs = (
+        "Job entrypoint command failed with exit code 3, last available logs (truncated to 20,000 chars):\nexit code 7"
+    )
+    assert failed(logs) == (3, "the Ray job's entrypoint exited with code 3")
+    assert failed("Job entrypoint command failed with exit code 42. No logs available.") == (
+        42,
+        "the Ray job's entrypoint exited with code 42",
+    )
+    killed = failed("Job entrypoint command failed with exit code -9. No logs available.")  # SIGKILL, as a shell says
+    assert killed is not None and killed[0] == 137
+    # Where the entrypoint never ran or the job was lost, no code of its own: 1.
+    assert failed("Traceback (most recent call last):\n  ...") == (
+        1,
+        "the Ray job failed: Traceback (most recent call last):\n  ...",
+    )
+    lost = failed("Submitter completed but Ray job not found in RayCluster.")
+    assert lost is not None and lost[0] == 1
+    assert failed("The entrypoint said: Job entrypoint command failed with exit code 5.") == (
+        1,
+        "the Ray job failed: The entrypoint said: Job entrypoint command failed with exit code 5.",
+    )
+
+
+def _ray_failure_messages() -> list[ast.expr]:
+    """The messages the pinned Ray's job supervisor writes when an entrypoint exits non-zero, as expressions of its
+    source (``message = ...`` where it names the entrypoint's ``return_code``)."""
+    from ray.dashboard.modules.job import job_supervisor
+
+    tree = ast.parse(inspect.getsource(job_supervisor))
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["message"]
+        and any(isinstance(n, ast.Name) and n.id == "return_code" for n in ast.walk(node.value))
+    ]
+
+
+def test_the_exit_code_is_read_from_the_message_the_pinned_ray_writes() -> None:
+    messages = _ray_failure_messages()
+    assert len(messages) == 2  # with the tail of the log, and without
+    for expression in messages:
+        for code, expected in ((3, 3), (255, 255), (-15, 143)):
+            text = eval(
+                compile(ast.Expression(expression), "job_supervisor", "eval"),
+                {},
+                {"return_code": code, "log_tail": "x"},
+            )
+            assert kro.entrypoint_exit_code(text) == expected, text
+
+
 # -- the flow, through the official client, against the API emulator --------------------------------------------
 
 
@@ -547,6 +607,15 @@ def test_an_entrypoint_runs_as_a_ray_job_whose_end_is_the_clusters(cluster: Emul
     ("status", "code"),
     [
         ({"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed"}, 1),
+        (
+            {
+                "jobDeploymentStatus": "Failed",
+                "jobStatus": "FAILED",
+                "reason": "AppFailed",
+                "message": "Job entrypoint command failed with exit code 3. No logs available.",
+            },
+            3,
+        ),
         ({"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING", "reason": "DeadlineExceeded"}, 124),
         ({"jobDeploymentStatus": "Failed", "reason": "SubmissionFailed"}, 255),
     ],
@@ -581,6 +650,61 @@ def test_a_finished_ray_job_of_an_earlier_run_is_removed_before_a_new_start(clus
         backend(cluster).start(ray_spec(entrypoint="python tune.py"))
     assert not retry.value.permanent
     assert cluster.get(RAYJOB) is None
+
+
+def _ended(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+
+
+def test_a_finished_ray_job_is_deleted_as_long_after_its_end_as_a_finished_job(cluster: Emulator) -> None:
+    k8s = backend(cluster)
+    operator = kuberay(cluster, RAYJOB, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    k8s.start(ray_spec(entrypoint="python tune.py"))
+    operator.join()
+    ttl = SETTINGS.job_ttl_after_finished_s  # what a finished Job gets (ttlSecondsAfterFinished)
+    ended = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "endTime": _ended(ttl - 60)}
+    cluster.set_status(RAYJOB, ended)
+    assert k8s.poll() == Status("exited", 0, "exited")
+    # KubeRay keeps it (and its submitter's Job and pod) for good; the sweep deletes it once its TTL is over.
+    assert backend(cluster).sweep_orphans("/unused") == []
+    assert cluster.get(RAYJOB) is not None  # its output can still be read
+    cluster.set_status(RAYJOB, {"endTime": _ended(ttl + 1)})
+    assert backend(cluster).sweep_orphans("/unused") == [f"{NS}/{NAME}"]
+    assert cluster.get(RAYJOB) is None
+
+
+def test_the_sweep_leaves_running_recent_recorded_starting_and_other_ray_jobs(cluster: Emulator) -> None:
+    assert backend(cluster).sweep_orphans("/unused") == []  # no RayJob yet: the API server knows none
+    collection = f"/apis/ray.io/v1/namespaces/{NS}/rayjobs"
+    long_ago = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "endTime": _ended(3600 + 60)}
+    statuses = {
+        "old": long_ago,  # the only one to go
+        "running": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+        "recent": long_ago | {"endTime": _ended(60)},
+        "recorded": long_ago,  # a live workload's state names it
+        "starting": long_ago,  # named after the key of a workload being started
+        "no-end": {"jobDeploymentStatus": "Failed"},  # KubeRay did not say when it ended
+    }
+    for name, status in statuses.items():
+        cluster.post(collection, kro.ray_job(OWNER, ray(name=name, entrypoint="x"), SETTINGS) | {"status": status})
+    theirs = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "theirs", "namespace": NS}}
+    cluster.post(collection, theirs | {"status": long_ago})
+    elsewhere = ko.jobs_namespace_name("vision", SETTINGS)  # labelled as the portal's, not in a Ray namespace
+    stray = kro.ray_job(OWNER, ray(name="stray", entrypoint="x"), SETTINGS)
+    stray["metadata"]["namespace"] = elsewhere
+    cluster.post(f"/apis/ray.io/v1/namespaces/{elsewhere}/rayjobs", stray | {"status": long_ago})
+    recorded = {
+        "kind": "ray",
+        "namespace": NS,
+        "objects": [{"kind": "RayJob", "name": "ray-recorded", "namespace": NS}],
+    }
+
+    swept = backend(cluster).sweep_orphans("/unused", Keep(states=(recorded,), keys=frozenset({"starting"})))
+
+    assert swept == [f"{NS}/ray-old"]
+    left = {name for name in [*statuses, "theirs"] if cluster.get(f"{collection}/{kro.cluster_name(name)}")}
+    assert left == set(statuses) - {"old"} and cluster.get(f"{collection}/theirs") is not None
+    assert cluster.get(f"/apis/ray.io/v1/namespaces/{elsewhere}/rayjobs/ray-stray") is not None
 
 
 def _pod(role: str, name: str, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:

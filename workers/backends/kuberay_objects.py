@@ -35,6 +35,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from workers.backends import kubernetes_objects as ko
@@ -81,6 +82,9 @@ _KUBERAY_ENV = frozenset({"RAY_REDIS_ADDRESS", "REDIS_PASSWORD", "REDIS_USERNAME
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # KubeRay's JobDeploymentStatus values after which nothing changes (rayjob_types.go, IsJobDeploymentTerminal).
 _DEPLOYMENT_ENDED = frozenset({"Complete", "Failed"})
+# How Ray's job supervisor (dashboard/modules/job/job_supervisor.py, Ray 2.60) begins a failed job's message when
+# its entrypoint exited non-zero; KubeRay copies that message into the RayJob's ``status.message``.
+_ENTRYPOINT_EXIT = re.compile(r"Job entrypoint command failed with exit code (-?\d+)[,.]")
 
 
 @dataclass(frozen=True)
@@ -433,9 +437,11 @@ def job_started(ray_job_obj: Mapping[str, Any], workers: int) -> bool:
 def job_outcome(ray_job_obj: Mapping[str, Any]) -> tuple[int, str] | None:
     """(exit code, message) once a RayJob ended, ``None`` while it runs.
 
-    The Ray job's own ``jobStatus``: SUCCEEDED → 0, STOPPED → ``STOPPED_EXIT_CODE``, FAILED → 1 (KubeRay does
-    not report the entrypoint's exit code); the RayJob failing past ``activeDeadlineSeconds`` →
-    ``TIMEOUT_EXIT_CODE``; failing otherwise (the submission, a deadline before it ran) → ``UNKNOWN_EXIT_CODE``.
+    The Ray job's own ``jobStatus``: SUCCEEDED → 0, STOPPED → ``STOPPED_EXIT_CODE``, FAILED → the entrypoint's exit
+    code, which KubeRay has no field for but copies in Ray's message (``entrypoint_exit_code``), else 1 (the
+    entrypoint did not run: Ray could not start it, or lost the job); the RayJob failing past
+    ``activeDeadlineSeconds`` → ``TIMEOUT_EXIT_CODE``; failing otherwise (the submission, a deadline before it ran)
+    → ``UNKNOWN_EXIT_CODE``.
     """
     status = ray_job_obj.get("status") or {}
     if status.get("jobDeploymentStatus") not in _DEPLOYMENT_ENDED:
@@ -449,5 +455,30 @@ def job_outcome(ray_job_obj: Mapping[str, Any]) -> tuple[int, str] | None:
     if job_status == "STOPPED":
         return STOPPED_EXIT_CODE, "the Ray job was stopped"
     if job_status == "FAILED":
+        code = entrypoint_exit_code(str(status.get("message") or ""))
+        if code:
+            return code, f"the Ray job's entrypoint exited with code {code}"
         return 1, f"the Ray job failed: {detail}"
     return UNKNOWN_EXIT_CODE, f"the RayJob failed: {detail}"
+
+
+def entrypoint_exit_code(message: str) -> int | None:
+    """The entrypoint's exit code in a failed Ray job's message, as Ray's job supervisor writes it ("Job entrypoint
+    command failed with exit code 3, last available logs ..."), a signal's ``-N`` as a shell says it, 128 + N;
+    ``None`` where the message gives none."""
+    found = _ENTRYPOINT_EXIT.match(message)
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return 128 - code if code < 0 else code
+
+
+def job_ended_at(ray_job_obj: Mapping[str, Any]) -> float | None:
+    """When a RayJob ended (KubeRay's ``status.endTime``, set as it turns Complete or Failed), in seconds since the
+    epoch; ``None`` while it runs, or where KubeRay did not say."""
+    if not job_ended(ray_job_obj):
+        return None
+    try:
+        return datetime.fromisoformat(str((ray_job_obj.get("status") or {}).get("endTime") or "")).timestamp()
+    except ValueError:
+        return None

@@ -22,19 +22,26 @@ its own pods only (notebooks also from the ingress controller's namespace; a Ray
 cluster's, its dashboard also from the ingress controller's namespace); see docs/kubernetes.md.
 
 Configuration: an explicit ``api_client`` or ``host`` (tests), else the pod's service account (in-cluster),
-else a kubeconfig (``kubeconfig`` path and ``context``, or the client's defaults).
+else a kubeconfig (``kubeconfig`` path and ``context``, or the client's defaults). The backends of one API server
+share a client in each process. A reconcile pass reads its running workloads from one LIST per kind of object and
+namespace (``polling()``), not an object each.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
+import os
 import re
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +65,7 @@ from workers.backends.base import (
     GpuInfo,
     InstanceSpec,
     JobSpec,
+    Keep,
     NodeGroup,
     NodeInfo,
     NotebookSpec,
@@ -106,6 +114,23 @@ _load_kube_config: Callable[..., None] = config.load_kube_config
 _parse_quantity: Callable[[Any], Decimal] = parse_quantity
 # Deleting these waits for their pods (Foreground); the rest go at once, their dependents after (Background).
 _FOREGROUND = frozenset({"Job", "StatefulSet", "RayCluster", "RayJob"})
+# Every object the portal creates carries this label (pods through their templates): what a pass's LISTs select.
+_PORTAL_SELECTOR = f"app.kubernetes.io/managed-by={ko.MANAGED_BY}"
+#: Within ``KubernetesBackend.polling``: what the pass's LISTs found, by API server (``KubernetesBackend._server``).
+_POLLED: ContextVar[dict[tuple[Any, ...], _Listed] | None] = ContextVar("kubernetes_polled", default=None)
+# One API client per API server and credentials in a process, shared by the backends built for its workloads (a
+# reconcile pass builds one for each): one connection pool, the configuration (kubeconfig, service account) read
+# once. Built again once this old, so that credentials renewed on disk are read again (tokens the client
+# refreshes by itself: the service account's, an exec plugin's).
+_CLIENT_MAX_AGE_S = 600.0
+_CLIENTS_MAX = 16
+_CLIENTS: dict[tuple[Any, ...], tuple[float, client.ApiClient]] = {}
+_CLIENTS_LOCK = threading.Lock()
+# Connections already checked (``from_connection``), by their JSON: the settings and options each gives.
+_CONNECTIONS: dict[str, tuple[ko.KubeSettings, dict[str, Any]]] = {}
+
+logger = logging.getLogger(__name__)
+
 _BACKEND_OPTIONS = (
     "host",
     "kubeconfig",
@@ -152,6 +177,94 @@ def _condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
         if condition.get("type") == kind and condition.get("status") == "True":
             return dict(condition)
     return None
+
+
+def _portal_object(obj: Mapping[str, Any]) -> bool:
+    return (obj.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == ko.MANAGED_BY
+
+
+def _lists_for(state: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The (kind, namespace) LISTs that a running workload's ``poll()`` and ``progress()`` read from: its object's
+    kind in its namespace ("" for Namespaces), and its pods where it reads them; none once it ended."""
+    namespace = state.get("namespace") if state else None
+    if not isinstance(namespace, str) or state.get("final"):
+        return set()
+    kind, ray_kind = state.get("kind"), state.get("ray_kind")
+    if kind == "job":
+        return {("Job", namespace), ("Pod", namespace)}
+    if kind == "notebook":
+        return {("StatefulSet", namespace)}
+    if kind == "instance":
+        return {("Namespace", "")} | ({("Job", namespace)} if state.get("instance_kind") == "vcluster" else set())
+    if kind == "ray" and ray_kind in _CUSTOM:
+        return {(ray_kind, namespace)} | ({("Pod", namespace)} if ray_kind == "RayJob" else set())
+    return set()
+
+
+class _Listed:
+    """What one pass's LISTs found on an API server: for each (kind, namespace) listed ("" for the cluster-scoped
+    Namespaces), the portal's objects there by name."""
+
+    def __init__(self, found: dict[tuple[str, str], dict[str, dict[str, Any]]]) -> None:
+        self.found = found
+        self._pods_by: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+
+    def pods(self, namespace: str, labels: Mapping[str, str], by: str) -> list[dict[str, Any]] | None:
+        """The listed pods of ``namespace`` with ``labels``, found through an index on the label ``by`` (one of
+        them: a pass looks up each workload's pods among all of a namespace's); None where none were listed."""
+        if ("Pod", namespace) not in self.found:
+            return None
+        if (namespace, by) not in self._pods_by:
+            index: dict[str, list[dict[str, Any]]] = {}
+            for pod in self.found[("Pod", namespace)].values():
+                value = (pod["metadata"].get("labels") or {}).get(by)
+                if value is not None:
+                    index.setdefault(value, []).append(pod)
+            self._pods_by[(namespace, by)] = index
+        found = self._pods_by[(namespace, by)].get(labels[by], [])
+        return [pod for pod in found if labels.items() <= (pod["metadata"].get("labels") or {}).items()]
+
+
+def _shared_client(key: tuple[Any, ...], configure: Callable[[], client.Configuration]) -> client.ApiClient:
+    """The process's API client for ``key``, built with ``configure()`` where there is none or it is too old."""
+    now = time.monotonic()
+    with _CLIENTS_LOCK:
+        for old in [k for k, (built, _) in _CLIENTS.items() if now - built > _CLIENT_MAX_AGE_S]:
+            del _CLIENTS[old]
+        if key not in _CLIENTS:
+            while len(_CLIENTS) >= _CLIENTS_MAX:
+                del _CLIENTS[next(iter(_CLIENTS))]  # the oldest
+            _CLIENTS[key] = (now, client.ApiClient(configure()))
+        return _CLIENTS[key][1]
+
+
+def _checked_connection(connection: Mapping[str, Any]) -> tuple[ko.KubeSettings, dict[str, Any]]:
+    """A cluster's ``connection`` as ``KubeSettings`` and the backend's other options; see ``from_connection()``."""
+    fields = {f.name: f for f in dataclasses.fields(ko.KubeSettings)}
+    unknown = sorted(set(connection) - set(fields) - set(_BACKEND_OPTIONS))
+    if unknown:
+        raise BackendError(f"unknown Kubernetes connection settings: {', '.join(unknown)}", permanent=True)
+    defaults = ko.KubeSettings()
+    for key, value in connection.items():
+        expected = type(getattr(defaults, key)) if key in fields else None
+        if expected is not None and getattr(defaults, key) is not None and not isinstance(value, expected):
+            raise BackendError(f"connection setting {key} must be a {expected.__name__}", permanent=True)
+    if connection.get("ingress_mode", "path") not in ("path", "host"):
+        raise BackendError("connection setting ingress_mode must be 'path' or 'host'", permanent=True)
+    try:
+        settings = ko.KubeSettings(**{k: v for k, v in connection.items() if k in fields})
+    except ko.InvalidSettings as exc:
+        raise BackendError(f"connection settings: {exc}", permanent=True) from exc
+    options = {k: v for k, v in connection.items() if k in _BACKEND_OPTIONS}
+    operator_namespace = options.get("kuberay_operator_namespace", kro.DEFAULT_OPERATOR_NAMESPACE)
+    if not isinstance(operator_namespace, str) or not re.match(
+        r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", operator_namespace
+    ):
+        raise BackendError("connection setting kuberay_operator_namespace must be a namespace name", permanent=True)
+    for key in ("start_timeout_s", "stop_timeout_s", "request_timeout_s"):
+        if key in options and (not isinstance(options[key], int | float) or options[key] <= 0):
+            raise BackendError(f"connection setting {key} must be a positive number", permanent=True)
+    return settings, options
 
 
 def _workload_name(key: str) -> str:
@@ -216,6 +329,10 @@ class KubernetesBackend(Backend):
         self.request_timeout_s = request_timeout_s
         self.poll_interval_s = poll_interval_s
         self._client = api_client
+        # Which API server and credentials: backends with the same share an API client and a pass's LISTs.
+        self._server: tuple[Any, ...] = (
+            ("client", id(api_client)) if api_client is not None else (host, kubeconfig, context)
+        )
         self._apis: dict[type[Any], Any] = {}
         self._state: dict[str, Any] = {}
 
@@ -223,39 +340,24 @@ class KubernetesBackend(Backend):
     def from_connection(cls, connection: Mapping[str, Any]) -> KubernetesBackend:
         """A backend configured from a cluster's ``connection`` (backend options and ``KubeSettings`` fields).
 
-        An unknown key or a value of the wrong type is a permanent ``BackendError``.
+        An unknown key or a value of the wrong type is a permanent ``BackendError``. A connection is checked once
+        per process: a reconcile pass builds a backend for each of its workloads.
         """
-        fields = {f.name: f for f in dataclasses.fields(ko.KubeSettings)}
-        unknown = sorted(set(connection) - set(fields) - set(_BACKEND_OPTIONS))
-        if unknown:
-            raise BackendError(f"unknown Kubernetes connection settings: {', '.join(unknown)}", permanent=True)
-        defaults = ko.KubeSettings()
-        for key, value in connection.items():
-            expected = type(getattr(defaults, key)) if key in fields else None
-            if expected is not None and getattr(defaults, key) is not None and not isinstance(value, expected):
-                raise BackendError(f"connection setting {key} must be a {expected.__name__}", permanent=True)
-        if connection.get("ingress_mode", "path") not in ("path", "host"):
-            raise BackendError("connection setting ingress_mode must be 'path' or 'host'", permanent=True)
-        try:
-            settings = ko.KubeSettings(**{k: v for k, v in connection.items() if k in fields})
-        except ko.InvalidSettings as exc:
-            raise BackendError(f"connection settings: {exc}", permanent=True) from exc
-        options = {k: v for k, v in connection.items() if k in _BACKEND_OPTIONS}
-        operator_namespace = options.get("kuberay_operator_namespace", kro.DEFAULT_OPERATOR_NAMESPACE)
-        if not isinstance(operator_namespace, str) or not re.match(
-            r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", operator_namespace
-        ):
-            raise BackendError("connection setting kuberay_operator_namespace must be a namespace name", permanent=True)
-        for key in ("start_timeout_s", "stop_timeout_s", "request_timeout_s"):
-            if key in options and (not isinstance(options[key], int | float) or options[key] <= 0):
-                raise BackendError(f"connection setting {key} must be a positive number", permanent=True)
+        key = json.dumps(connection, sort_keys=True, default=repr)
+        checked = _CONNECTIONS.get(key)
+        if checked is None:
+            checked = _checked_connection(connection)
+            if len(_CONNECTIONS) >= 64:
+                _CONNECTIONS.clear()
+            _CONNECTIONS[key] = checked
+        settings, options = checked
         return cls(settings=settings, **options)
 
     # -- the API -------------------------------------------------------------------------------
 
     def _api_client(self) -> client.ApiClient:
         if self._client is None:
-            self._client = client.ApiClient(self._configuration())
+            self._client = _shared_client((os.getpid(), *self._server), self._configuration)
         return self._client
 
     def _configuration(self) -> client.Configuration:
@@ -345,6 +447,35 @@ class KubernetesBackend(Backend):
         items = [dict(item) for item in answer.get("items") or []]
         return [i for i in items if labels.items() <= (i.get("metadata", {}).get("labels") or {}).items()]
 
+    def _list_all(self, kind: str, namespace: str) -> dict[str, dict[str, Any]]:
+        """The portal's objects of ``kind`` in ``namespace`` ("" for Namespaces) by name, from one LIST selecting
+        the label they all carry (checked here too); none where the API server does not know the kind (KubeRay's
+        CRDs not installed), as a read of one of them would say."""
+        answer = self._json_call(
+            kind, "list", *([namespace] if namespace else []), label_selector=_PORTAL_SELECTOR, ok=(404,)
+        )
+        items = [dict(item) for item in (answer or {}).get("items") or [] if _portal_object(item)]
+        return {str(item["metadata"].get("name", "")): item for item in items}
+
+    def _polled(self) -> _Listed | None:
+        """What this pass's LISTs found on this API server (see ``polling()``); None outside a pass."""
+        return (_POLLED.get() or {}).get(self._server)
+
+    def _current(self, ref: Mapping[str, str]) -> dict[str, Any] | None:
+        """The portal's object ``ref``, as this pass's LIST of its kind and namespace found it, else as the API server
+        has it now; None where there is none (an object under the name that is not the portal's is none)."""
+        polled = self._polled()
+        listed = polled.found.get((ref["kind"], ref.get("namespace", ""))) if polled else None
+        obj = listed.get(ref["name"]) if listed is not None else self._read(ref)
+        return obj if obj is not None and _portal_object(obj) else None
+
+    def _pods(self, labels: Mapping[str, str], by: str) -> list[dict[str, Any]]:
+        """The pods with these labels in the workload's namespace (``by``: the most telling of them), from this
+        pass's LIST where it made one."""
+        polled = self._polled()
+        listed = polled.pods(self._state["namespace"], labels, by) if polled else None
+        return self._list("Pod", self._state["namespace"], labels) if listed is None else listed
+
     def _create(self, manifest: ko.Manifest) -> dict[str, Any]:
         """Create the object; if it exists already, check it is ours and converge it (see the module docstring)."""
         kind, ref = manifest["kind"], _ref(manifest)
@@ -414,7 +545,8 @@ class KubernetesBackend(Backend):
         self._state = json.loads(json.dumps(state))
 
     def clear_state(self) -> None:
-        """Forget the workload; a finished Job stays until its ``ttlSecondsAfterFinished``."""
+        """Forget the workload; a finished Job stays until its ``ttlSecondsAfterFinished``, a finished RayJob as long
+        (``sweep_orphans()``)."""
         self._state = {}
 
     # -- start ---------------------------------------------------------------------------------
@@ -674,7 +806,8 @@ class KubernetesBackend(Backend):
         logs, until its TTL). A notebook or an instance runs while its StatefulSet or Namespace exists (and
         a vcluster's installer has not failed). A Ray cluster runs while its RayCluster exists; a RayJob ends
         as ``kuberay_objects.job_outcome`` says, and then its Secret and policies are deleted (the RayJob stays,
-        with its submitter's log).
+        with its submitter's log, as long as a Job: see ``sweep_orphans()``). An object under the workload's name
+        that does not carry the portal's label is not the workload's. Within ``polling()``, from its LISTs.
         """
         if not self._state:
             raise BackendError("nothing was started on this backend", permanent=True)
@@ -693,19 +826,43 @@ class KubernetesBackend(Backend):
             if kind == "job":
                 self._delete(self._object("Service"))
             if kind == "ray":
-                # What the cluster's pods needed; the RayJob stays, with its submitter's log (the job's output).
+                # What the cluster's pods needed; the RayJob stays a while, with its submitter's log (the output).
                 for ref in self._state["objects"]:
                     if ref["kind"] in ("Secret", "NetworkPolicy"):
                         self._delete(ref)
             self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
         return status
 
+    @contextlib.contextmanager
+    def polling(self, states: Iterable[dict[str, Any]]) -> Iterator[None]:
+        """Within it, ``poll()`` and ``progress()`` of any backend of this API server (the same ``host``, or
+        ``kubeconfig`` and ``context``) read the workloads of ``states`` (``get_state()`` blobs) from LISTs made on
+        entry, one per kind and namespace they are read from: the Jobs and pods of each jobs namespace, the
+        StatefulSets of each instance's, the RayClusters or RayJobs (and pods) of each Ray namespace, the
+        Namespaces (and a vcluster's installer Job), each LIST selecting the portal's objects by their label. A
+        workload whose object a LIST lacks is gone, as a 404 says when it is read alone; ``progress()`` finds its pod
+        in the LIST, then reads its log. A LIST that fails is logged, and what would have been read from it is
+        read alone. What it says is as old as the pass."""
+        outer = self._polled()
+        found = dict(outer.found) if outer else {}
+        for kind, namespace in sorted({pair for state in states for pair in _lists_for(state)}):
+            try:
+                found[(kind, namespace)] = self._list_all(kind, namespace)
+            except BackendError as exc:
+                where = namespace or "the cluster"
+                logger.warning("listing the %ss of %s failed; each is read alone: %s", kind, where, exc.message)
+        token = _POLLED.set({**(_POLLED.get() or {}), self._server: _Listed(found)})
+        try:
+            yield
+        finally:
+            _POLLED.reset(token)
+
     @staticmethod
     def _ended(job: Mapping[str, Any]) -> bool:
         return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
 
     def _poll_job(self) -> Status:
-        job = self._read(self._object("Job"))
+        job = self._current(self._object("Job"))
         if job is None:
             return Status("exited", UNKNOWN_EXIT_CODE, "the Job was deleted before its end was seen")
         if _condition(job, "Complete"):
@@ -734,14 +891,13 @@ class KubernetesBackend(Backend):
         return [(rank, code) for _, rank, code in sorted(ended)]
 
     def _job_pods(self, index: int | None = None) -> list[dict[str, Any]]:
-        labels = {JOB_NAME_LABEL: self._state["job"]}
-        pods = self._list("Pod", self._state["namespace"], labels)
+        pods = self._pods({JOB_NAME_LABEL: self._state["job"]}, by=JOB_NAME_LABEL)
         if index is not None:
             pods = [p for p in pods if _pod_index(p) == str(index)]
         return sorted(pods, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp") or ""))
 
     def _poll_notebook(self) -> Status:
-        stateful_set = self._read(self._object("StatefulSet"))
+        stateful_set = self._current(self._object("StatefulSet"))
         if stateful_set is None:
             return Status("exited", UNKNOWN_EXIT_CODE, "the notebook's StatefulSet was deleted outside the portal")
         ready = int(stateful_set.get("status", {}).get("readyReplicas") or 0)
@@ -749,7 +905,7 @@ class KubernetesBackend(Backend):
 
     def _poll_ray(self) -> Status:
         kind = self._state["ray_kind"]
-        obj = self._read(self._object(kind))
+        obj = self._current(self._object(kind))
         if obj is None:
             return Status("exited", UNKNOWN_EXIT_CODE, f"the {kind} was deleted before its end was seen")
         if kind == "RayJob":
@@ -765,12 +921,12 @@ class KubernetesBackend(Backend):
         return Status("running", message="ready" if ready else "not ready")
 
     def _poll_instance(self) -> Status:
-        namespace = self._read(self._object("Namespace"))
+        namespace = self._current(self._object("Namespace"))
         if namespace is None or namespace.get("status", {}).get("phase") == "Terminating":
             return Status("exited", UNKNOWN_EXIT_CODE, "the namespace was deleted outside the portal")
         if self._state.get("instance_kind") == "vcluster":
             ref = {"kind": "Job", "name": kv.VCLUSTER_INSTALLER, "namespace": self._state["namespace"]}
-            installer = self._read(ref)
+            installer = self._current(ref)
             failed = _condition(installer, "Failed") if installer else None
             if failed:
                 return Status("exited", 1, f"the vcluster chart did not install: {failed.get('message') or ''}")
@@ -838,8 +994,8 @@ class KubernetesBackend(Backend):
             role, container = "head", kro.HEAD_CONTAINER
         else:
             role, container = "worker", kro.WORKER_CONTAINER
-        labels = kro.cluster_labels(kro.ray_owner(self._state["workspace"], self.settings), self._state["ray"], role)
-        pods = self._list("Pod", self._state["namespace"], labels)
+        owner = kro.ray_owner(self._state["workspace"], self.settings)
+        pods = self._pods(kro.cluster_labels(owner, self._state["ray"], role), by=ko.LABEL_NAME)
         if role == "submitter":  # the latest attempt's
             pods.sort(key=lambda p: str(p.get("metadata", {}).get("creationTimestamp") or ""))
             pods = pods[-1:]
@@ -929,6 +1085,41 @@ class KubernetesBackend(Backend):
                 )
             )
         return sorted(found, key=lambda n: n.name)
+
+    def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
+        """Delete the portal's RayJobs that ended ``job_ttl_after_finished_s`` ago or more (KubeRay's
+        ``status.endTime``), as Kubernetes deletes a finished Job after its ``ttlSecondsAfterFinished``: KubeRay
+        keeps a finished RayJob, with its submitter's Job and pod, for good. A RayJob that a kept state records,
+        or that is named after a kept key, stays. Nothing else is swept: every object is named after its
+        workload's key, and a repeated start converges on what a lost one left (``owner`` plays no part).
+        One LIST of the portal's RayJobs in every namespace; none where KubeRay is not installed.
+        Returns ``<namespace>/<name>`` of each RayJob deleted."""
+        keep = keep or Keep()
+        kept = {(s.get("namespace"), ref["name"]) for s in keep.states if s for ref in s.get("objects") or []}
+        kept_names = {kro.cluster_name(_workload_name(key)) for key in keep.keys}
+        group, version, plural = _CUSTOM["RayJob"]
+        listed = self._invoke(
+            client.CustomObjectsApi, "list_cluster_custom_object", group, version, plural,
+            label_selector=_PORTAL_SELECTOR, ok=(404,),
+        )  # fmt: skip
+        deleted = []
+        for ray_job in json.loads(listed or b"{}").get("items") or []:
+            meta = ray_job.get("metadata") or {}
+            ref = {"kind": "RayJob", "name": str(meta.get("name", "")), "namespace": str(meta.get("namespace", ""))}
+            if (ref["namespace"], ref["name"]) in kept or ref["name"] in kept_names or not self._expired(ray_job):
+                continue
+            self._delete(ref)
+            deleted.append(f"{ref['namespace']}/{ref['name']}")
+        return deleted
+
+    def _expired(self, ray_job: Mapping[str, Any]) -> bool:
+        """A RayJob of the portal's, in a workspace's Ray namespace, that ended long enough ago to be deleted."""
+        meta = ray_job.get("metadata") or {}
+        workspace = str((meta.get("labels") or {}).get(ko.LABEL_WORKSPACE, ""))
+        if not _portal_object(ray_job) or meta.get("namespace") != kro.ray_namespace_name(workspace, self.settings):
+            return False
+        ended_at = kro.job_ended_at(ray_job)
+        return ended_at is not None and time.time() - ended_at >= self.settings.job_ttl_after_finished_s
 
     def _nodes(self) -> list[dict[str, Any]]:
         answer = json.loads(self._invoke(client.CoreV1Api, "list_node") or b"{}")
