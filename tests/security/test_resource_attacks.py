@@ -16,6 +16,7 @@ cannot be applied, the portal starts no user code at all, unless the operator op
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import threading
@@ -231,7 +232,10 @@ def test_a_fork_bomb_stops_at_its_process_limit_and_leaves_nothing_once_cancelle
     assert job.state == Job.State.RUNNING, job.failure_reason
     job_dir, cgroup = job.backend_state["job_dir"], job.backend_state["cgroup"]
 
-    said = wait_until(lambda: [line for line in log_of(job).splitlines() if line.startswith("FORKED")])
+    # A whole line: the log is read while the job writes it
+    said = wait_until(
+        lambda: [line for line in log_of(job).splitlines() if re.fullmatch(r"FORKED \d+ REFUSED \d+", line)]
+    )
     attacked = arena.bystander.measure()  # while it keeps forking
 
     _, made, _, refused = said[0].split()
