@@ -11,8 +11,9 @@ its own, so that something slow never holds up something quick:
 - ``provision``: whatever can wait seconds to minutes on something else. A notebook profile's
   environment build (pip), instance and notebook starts (waiting for the server to answer, for
   Slurm to run a batch job, for Kubernetes pods), job starts on Slurm and Kubernetes (they return
-  once the job runs), stops (they wait out a workload's grace period), and an ended job's
-  artifacts (read and hashed, up to the limits).
+  once the job runs), stops (they wait out a workload's grace period), an ended job's
+  artifacts (read and hashed, up to the limits), and an admin's what-if replay (seconds to
+  minutes of simulation).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from apps.compute.hosting import build_notebook_environment as build_environment
 from apps.jobs import artifacts
 from apps.jobs.models import Job
 from apps.monitoring.cycles import timed_cycle
+from apps.scheduling import whatif
 from apps.workloads import host
 from workers.backends.base import BackendError
 
@@ -40,7 +42,7 @@ def route(
 ) -> dict[str, str] | None:
     """The queue of a task about to be sent (a Celery router): see the module's docstring. A
     workload's convergence goes to ``provision``, but for the start of a job on this machine."""
-    if name in ("portal.build_notebook_environment", "portal.collect_artifacts"):
+    if name in ("portal.build_notebook_environment", "portal.collect_artifacts", "portal.whatif_replay"):
         return {"queue": settings.PROVISION_QUEUE}
     if name == "portal.converge" and len(args) == 2:
         if args[0] == "job":
@@ -108,3 +110,10 @@ def build_notebook_environment(notebook_id: int) -> None:
 def collect_artifacts(job_id: int) -> None:
     """Record what an ended job left, within the limits, and then its end (apps/jobs/artifacts.py)."""
     artifacts.collect(job_id)
+
+
+@shared_task(name="portal.whatif_replay", ignore_result=True)
+def whatif_replay(replay_id: int) -> None:
+    """Run an admin's what-if replay of the portal's history (apps/scheduling/whatif.py): it reads
+    history and settings and writes only its own row."""
+    whatif.run_replay(replay_id)

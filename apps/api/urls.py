@@ -19,6 +19,7 @@ from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
 from apps.rayclusters.api import RayClusterViewSet
+from apps.scheduling.api import WhatIfCSVView, WhatIfDetailView, WhatIfListView
 from apps.workloads.api import WorkloadViewSet
 from apps.workspaces.api import CohortViewSet, GPUQuotaViewSet, MembershipViewSet, WorkspaceViewSet
 
@@ -61,5 +62,9 @@ urlpatterns = [
     path("audit-events/export/", AuditExportView.as_view(), name="auditevent-export"),
     # GPU-hours per month, workspace, user and GPU type: a report, not a list of objects.
     path("usage/", UsageView.as_view(), name="usage"),
+    # Admins' what-if replays of the portal's history: runs, not tenant objects (tests/scheduling/test_whatif_api.py).
+    path("admin/whatif/", WhatIfListView.as_view(), name="whatif-list"),
+    path("admin/whatif/<int:pk>/", WhatIfDetailView.as_view(), name="whatif-detail"),
+    path("admin/whatif/<int:pk>/csv/", WhatIfCSVView.as_view(), name="whatif-csv"),
     path("", include(router.urls)),
 ]

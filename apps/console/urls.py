@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.console import alerts, catalog, dashboard, people, usage, workspaces
+from apps.console import alerts, catalog, dashboard, people, usage, whatif, workspaces
 
 app_name = "console"
 
@@ -11,6 +11,9 @@ urlpatterns = [
     path("inventory/gpus/<int:pk>/", dashboard.gpu_detail, name="gpu"),
     path("inventory/gpus/<int:pk>/samples.json", dashboard.gpu_samples, name="gpu-samples"),
     path("usage/", usage.usage, name="usage-report"),
+    path("whatif/", whatif.whatif_page, name="whatif"),
+    path("whatif/<int:pk>/", whatif.whatif_run, name="whatif-run"),
+    path("whatif/<int:pk>/csv/", whatif.whatif_csv, name="whatif-csv"),
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/rules/new/", alerts.rule_edit, name="alert-rule-new"),
     path("alerts/rules/<int:pk>/", alerts.rule_edit, name="alert-rule"),

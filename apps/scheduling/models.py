@@ -7,6 +7,7 @@ engine's plain data and writes its decisions back.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from apps.names import validate_gpu_type
@@ -26,3 +27,44 @@ class FairShareUsage(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workspace", "gpu_type"], name="fair_share_usage_unique")]
+
+
+class WhatIfReplay(models.Model):
+    """An admin's what-if replay: a window of the portal's recorded workloads replayed in simulated
+    time under today's settings and under the admin's changes (apps/scheduling/whatif.py).
+
+    It runs in the background (a Celery task) and never touches live state: it reads history and
+    settings, and writes only this row.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "QUEUED", "Queued"
+        RUNNING = "RUNNING", "Running"
+        SUCCEEDED = "SUCCEEDED", "Succeeded"
+        FAILED = "FAILED", "Failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    since = models.DateTimeField()
+    until = models.DateTimeField()
+    # The admin's changes, as validated (whatif.Changes.as_json): quotas, cohorts, policy, cluster size.
+    changes = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    progress = models.FloatField(default=0.0)  # 0..1, both replays together
+    message = models.CharField(max_length=500, blank=True)  # why it failed
+    # Both replays' figures side by side, per workspace (whatif.run_replay writes it once done).
+    result = models.JSONField(null=True, blank=True, default=None)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"what-if replay {self.pk}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in (self.State.SUCCEEDED, self.State.FAILED)

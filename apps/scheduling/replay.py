@@ -88,6 +88,7 @@ class Options:
     estimates: bool = False  # record estimated starts and check them against the actual ones
     interval_s: float = 2.0  # the portal's PORTAL_SCHEDULER_INTERVAL_S
     cohorts: dict[str, str | None] | None = None  # per team, from the quotas file; None: one cohort of all
+    cluster_gpus: int | None = None  # GPUs in the cluster; None: the sum of the quotas
 
 
 def _number(row: dict[str, str], column: str, where: str, *, positive: bool = False) -> Decimal:
@@ -316,7 +317,8 @@ class Replay:
 
     def __init__(self, jobs: list[Job], quotas: dict[str, int], options: Options):
         self.options = options
-        self.nodes = build_nodes(sum(quotas.values()), options.gpus_per_node)
+        total = sum(quotas.values()) if options.cluster_gpus is None else options.cluster_gpus
+        self.nodes = build_nodes(total, options.gpus_per_node)
         workspaces = build_workspaces(quotas, {j.team for j in jobs}, options.policy, options.cohorts)
         self.engine = Engine(workspaces, self.nodes, options.policy)
         portal = options.policy.name == "portal"

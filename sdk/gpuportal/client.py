@@ -15,7 +15,15 @@ from typing import Any
 import httpx
 
 from gpuportal import __version__, config
-from gpuportal.errors import APIError, AuthenticationError, ConfigError, PortalUnreachable, ValidationError, error_for
+from gpuportal.errors import (
+    APIError,
+    AuthenticationError,
+    ConfigError,
+    PortalUnreachable,
+    ValidationError,
+    WaitTimeout,
+    error_for,
+)
 from gpuportal.models import User
 from gpuportal.rayclusters import RayClusters
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
@@ -168,6 +176,65 @@ class Client:
         if self._private_workspace is None:
             self._private_workspace = self.me().private_workspace
         return self._private_workspace
+
+    # -- Admin: what-if replays ------------------------------------------------------------------
+
+    def start_replay(
+        self,
+        *,
+        since: str,
+        until: str | None = None,
+        quotas: list[str] | None = None,
+        cohorts: list[str] | None = None,
+        policy: str | None = None,
+        preemption: bool | None = None,
+        min_runtime_s: float | None = None,
+        starvation_s: float | None = None,
+        cluster_gpus: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a what-if replay of the portal's history (platform admins only): the workloads
+        submitted from `since` to `until` (ISO 8601; default now), replayed under today's settings
+        and under these changes. `quotas`: "WORKSPACE=+N", "=-N" or "=N" whole GPUs; `cohorts`:
+        "WORKSPACE=COHORT" ("WORKSPACE=" for none); `cluster_gpus`: "+N", "-N" or "N". Returns the
+        replay (its ``id``, ``state``, ``progress``); it runs in the background: see `wait_replay`.
+        A refused field raises `ValidationError` naming it."""
+        body = {
+            "since": since, "until": until, "quotas": quotas, "cohorts": cohorts, "policy": policy,
+            "preemption": preemption, "min_runtime_s": min_runtime_s, "starvation_s": starvation_s,
+            "cluster_gpus": cluster_gpus,
+        }  # fmt: skip
+        given = {name: value for name, value in body.items() if value is not None and value != []}
+        answer: dict[str, Any] = self.request("POST", "admin/whatif/", json=given)
+        return answer
+
+    def replay(self, replay_id: int) -> dict[str, Any]:
+        """A what-if replay: its state, progress and, once done, its figures (``result``)."""
+        answer: dict[str, Any] = self.request("GET", f"admin/whatif/{int(replay_id)}/")
+        return answer
+
+    def replay_csv(self, replay_id: int) -> str:
+        """A finished replay's figures as CSV: per workspace, each figure today and what-if."""
+        return self._send("GET", f"admin/whatif/{int(replay_id)}/csv/").text
+
+    def wait_replay(
+        self,
+        replay_id: int,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 1.0,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Wait for a replay to end (SUCCEEDED or FAILED) and return it; `WaitTimeout` after `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            replay = self.replay(replay_id)
+            if on_progress is not None:
+                on_progress(replay)
+            if replay["state"] in ("SUCCEEDED", "FAILED"):
+                return replay
+            if deadline is not None and time.monotonic() + poll_s > deadline:
+                raise WaitTimeout(f"What-if replay {replay_id} is still {replay['state'].lower()}.", replay)
+            time.sleep(poll_s)
 
     # -- HTTP ------------------------------------------------------------------------------------
 

@@ -463,4 +463,7 @@ OTHER_ROUTES = {
     "tokens/<int:pk>/": "GET",
     "audit-events/export/": "GET",
     "usage/": "GET",  # tests/accounting/test_api.py checks who sees what
+    "admin/whatif/": "GET",  # admins only: tests/scheduling/test_whatif_api.py checks who may do what
+    "admin/whatif/<int:pk>/": "GET",
+    "admin/whatif/<int:pk>/csv/": "GET",
 }

@@ -1,0 +1,156 @@
+"""`/api/v1/admin/whatif/`: platform admins' what-if replays of the portal's own history.
+
+POST starts one (201, then it runs in the background: poll its `state` and `progress`); GET lists
+them or shows one with its figures side by side; `.../<id>/csv/` downloads those as CSV. Anyone
+but a platform admin gets a 403, whoever started the replay (apps/scheduling/whatif.py).
+
+This module imports DRF but not apps.api: scheduling sits below the API layer (tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.errors import Conflict
+from apps.scheduling import whatif
+from apps.scheduling.models import WhatIfReplay
+
+
+class IsPlatformAdmin(BasePermission):
+    message = "Only platform admins can run or see what-if replays."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+
+
+class WhatIfRequestSerializer(serializers.Serializer):
+    """What an admin asks: a window of history and changes to today's settings."""
+
+    since = serializers.DateTimeField(help_text="replay the workloads submitted from this moment")
+    until = serializers.DateTimeField(required=False, help_text="... up to this one (default: now)")
+    quotas = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        max_length=1000,
+        help_text='WORKSPACE=+N, WORKSPACE=-N or WORKSPACE=N whole GPUs, e.g. "team-b=+16"',
+    )
+    cohorts = serializers.ListField(
+        child=serializers.CharField(max_length=200, allow_blank=True),
+        required=False,
+        max_length=1000,
+        help_text='WORKSPACE=COHORT, or WORKSPACE= for no cohort, e.g. "team-b=pool-1"',
+    )
+    policy = serializers.ChoiceField(choices=whatif.POLICIES, required=False)
+    preemption = serializers.BooleanField(required=False, allow_null=True, default=None)
+    min_runtime_s = serializers.FloatField(required=False, min_value=0, max_value=30 * 86400)
+    starvation_s = serializers.FloatField(required=False, min_value=0, max_value=30 * 86400)
+    cluster_gpus = serializers.CharField(
+        required=False, max_length=20, help_text='+N, -N or N GPUs in the cluster, e.g. "+16" or "64"'
+    )
+
+    def validate_quotas(self, value: list[str]) -> dict[str, str]:
+        return self._assignments(value, "quota", sizes=True)
+
+    def validate_cohorts(self, value: list[str]) -> dict[str, str | None]:
+        return {name: cohort or None for name, cohort in self._assignments(value, "cohort", sizes=False).items()}
+
+    def validate_cluster_gpus(self, value: str) -> str:
+        size = whatif.parse_size(value)
+        if size is None:
+            raise serializers.ValidationError("Give +N, -N or N whole GPUs, such as +16 or 64.")
+        return size
+
+    @staticmethod
+    def _assignments(items: list[str], what: str, *, sizes: bool) -> dict[str, str]:
+        found, errors = whatif.parse_assignments(items, what, sizes=sizes)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return found
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs.setdefault("until", timezone.now())
+        changes = whatif.Changes.from_json({k: v for k, v in attrs.items() if k not in ("since", "until")})
+        found = whatif.problems(changes, whatif.today(), attrs["since"], attrs["until"])
+        if found:
+            raise serializers.ValidationError(found)
+        return {"since": attrs["since"], "until": attrs["until"], "changes": changes}
+
+
+class WhatIfReplaySerializer(serializers.ModelSerializer):
+    """A replay, with its figures (`result`: null until it succeeded)."""
+
+    changes_text = serializers.SerializerMethodField(help_text="each change in words")
+
+    class Meta:
+        model = WhatIfReplay
+        fields = ["id", "state", "progress", "message", "since", "until", "changes", "changes_text", "created_at",
+                  "started_at", "finished_at", "result"]  # fmt: skip
+        read_only_fields = fields
+
+    def get_changes_text(self, run: WhatIfReplay) -> list[str]:
+        return whatif.Changes.from_json(run.changes).describe()
+
+
+class _AsIs(BaseContentNegotiation):
+    """The CSV route answers CSV whatever the client accepts; its errors are the API's JSON."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+class WhatIfListView(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(responses=WhatIfReplaySerializer(many=True), summary="The latest 50 what-if replays")
+    def get(self, request: Request) -> Response:
+        runs = WhatIfReplay.objects.all()[:50]
+        return Response({"results": WhatIfReplaySerializer(runs, many=True).data})
+
+    @extend_schema(request=WhatIfRequestSerializer, responses={201: WhatIfReplaySerializer})
+    def post(self, request: Request) -> Response:
+        asked = WhatIfRequestSerializer(data=request.data)
+        asked.is_valid(raise_exception=True)
+        run = whatif.check_start_whatif(**asked.validated_data, acting_user=request.user)
+        run.refresh_from_db()
+        return Response(WhatIfReplaySerializer(run).data, status=201)
+
+
+class WhatIfDetailView(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(responses=WhatIfReplaySerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(WhatIfReplaySerializer(get_object_or_404(WhatIfReplay, pk=pk)).data)
+
+
+class WhatIfCSVView(APIView):
+    permission_classes = [IsPlatformAdmin]
+    content_negotiation_class = _AsIs
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        run = get_object_or_404(WhatIfReplay, pk=pk)
+        if run.result is None:
+            raise Conflict(f"What-if replay {pk} has no figures ({run.get_state_display().lower()}).")
+        return csv_response(run)
+
+
+def csv_response(run: WhatIfReplay) -> HttpResponse:
+    """The replay's figures as a CSV download (the API's and the console's)."""
+    response = HttpResponse(whatif.as_csv(run.result or {}), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="whatif-{run.pk}.csv"'
+    return response
