@@ -54,6 +54,8 @@ def whatif_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         values = {name: request.POST.get(name, "").strip() for name in FIELDS}
         data = validated(WhatIfRequestSerializer(data=_request_data(values)), errors)
+        for key in [key for key in errors if "." in key]:  # "quotas.0": one line of the form's field
+            errors.setdefault(key.partition(".")[0], []).extend(errors.pop(key))
         if data is not None:
             try:
                 run = whatif.check_start_whatif(**data, acting_user=request.user)

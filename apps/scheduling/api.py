@@ -14,17 +14,23 @@ from typing import Any
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.errors import Conflict
+from apps.errors import RULE, Conflict
 from apps.scheduling import whatif
 from apps.scheduling.models import WhatIfReplay
+
+SIZE = r"^[+-]?[0-9]{1,6}$"
+NAME = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"  # a workspace's or cohort's: a DNS label
+QUOTA_CHANGE = rf"^{NAME}=[+-]?[0-9]{{1,6}}$"
+COHORT_CHANGE = rf"^{NAME}=({NAME})?$"
 
 
 class IsPlatformAdmin(BasePermission):
@@ -34,19 +40,38 @@ class IsPlatformAdmin(BasePermission):
         return bool(request.user and request.user.is_authenticated and request.user.is_staff)
 
 
+class _Change(serializers.RegexField):
+    """One change, "WORKSPACE=VALUE": its shape a pattern in the schema, refused naming the item."""
+
+    def __init__(self, regex: str, hint: str) -> None:
+        super().__init__(regex, max_length=200)
+        self.hint = hint
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        try:
+            return super().run_validation(data)
+        except serializers.ValidationError:
+            raise serializers.ValidationError(f"{str(data)[:100]!r}: {self.hint}") from None
+
+
 class WhatIfRequestSerializer(serializers.Serializer):
     """What an admin asks: a window of history and changes to today's settings."""
 
     since = serializers.DateTimeField(help_text="replay the workloads submitted from this moment")
     until = serializers.DateTimeField(required=False, help_text="... up to this one (default: now)")
+    # The shapes of the changes are in the schema; what they name is checked against today's settings.
     quotas = serializers.ListField(
-        child=serializers.CharField(max_length=200),
+        child=_Change(
+            QUOTA_CHANGE, "the quota must be +N, -N or N whole GPUs, such as team-b=+16, team-b=-4 or team-b=24."
+        ),
         required=False,
         max_length=1000,
         help_text='WORKSPACE=+N, WORKSPACE=-N or WORKSPACE=N whole GPUs, e.g. "team-b=+16"',
     )
     cohorts = serializers.ListField(
-        child=serializers.CharField(max_length=200, allow_blank=True),
+        child=_Change(
+            COHORT_CHANGE, "give WORKSPACE=COHORT (lowercase letters, digits and dashes), or WORKSPACE= for none."
+        ),
         required=False,
         max_length=1000,
         help_text='WORKSPACE=COHORT, or WORKSPACE= for no cohort, e.g. "team-b=pool-1"',
@@ -55,8 +80,12 @@ class WhatIfRequestSerializer(serializers.Serializer):
     preemption = serializers.BooleanField(required=False, allow_null=True, default=None)
     min_runtime_s = serializers.FloatField(required=False, min_value=0, max_value=30 * 86400)
     starvation_s = serializers.FloatField(required=False, min_value=0, max_value=30 * 86400)
-    cluster_gpus = serializers.CharField(
-        required=False, max_length=20, help_text='+N, -N or N GPUs in the cluster, e.g. "+16" or "64"'
+    cluster_gpus = serializers.RegexField(
+        SIZE,
+        required=False,
+        max_length=20,
+        error_messages={"invalid": "Give +N, -N or N whole GPUs, such as +16 or 64."},
+        help_text='+N, -N or N GPUs in the cluster, e.g. "+16" or "64"',
     )
 
     def validate_quotas(self, value: list[str]) -> dict[str, str]:
@@ -75,7 +104,7 @@ class WhatIfRequestSerializer(serializers.Serializer):
     def _assignments(items: list[str], what: str, *, sizes: bool) -> dict[str, str]:
         found, errors = whatif.parse_assignments(items, what, sizes=sizes)
         if errors:
-            raise serializers.ValidationError(errors)
+            raise serializers.ValidationError(errors, code=RULE)
         return found
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +112,15 @@ class WhatIfRequestSerializer(serializers.Serializer):
         changes = whatif.Changes.from_json({k: v for k, v in attrs.items() if k not in ("since", "until")})
         found = whatif.problems(changes, whatif.today(), attrs["since"], attrs["until"])
         if found:
-            raise serializers.ValidationError(found)
+            raise serializers.ValidationError(
+                {
+                    field: [
+                        ErrorDetail(m, code="does_not_exist" if whatif.names_no_workspace(m) else RULE)
+                        for m in messages
+                    ]
+                    for field, messages in found.items()
+                }
+            )
         return {"since": attrs["since"], "until": attrs["until"], "changes": changes}
 
 
@@ -115,7 +152,10 @@ class _AsIs(BaseContentNegotiation):
 class WhatIfListView(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(responses=WhatIfReplaySerializer(many=True), summary="The latest 50 what-if replays")
+    @extend_schema(
+        responses=inline_serializer("WhatIfReplayList", {"results": WhatIfReplaySerializer(many=True)}),
+        summary="The latest 50 what-if replays",
+    )
     def get(self, request: Request) -> Response:
         runs = WhatIfReplay.objects.all()[:50]
         return Response({"results": WhatIfReplaySerializer(runs, many=True).data})

@@ -49,6 +49,14 @@ FIGURES = ("jobs", "not_run", "mean_wait_s", "p95_wait_s", "mean_jct_s", "preemp
 _SIZE = re.compile(r"^([+-]?)(\d{1,6})$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MAX_CLUSTER_GPUS = 100_000
+NO_SUCH_WORKSPACE = "There is no workspace named"
+
+
+def names_no_workspace(message: str) -> bool:
+    """Whether a problem (see `problems`) is a name that no workspace has."""
+    return message.startswith(NO_SUCH_WORKSPACE)
+
+
 PROGRESS_EVERY_S = 1.0  # how often a running replay writes its progress
 
 
@@ -203,7 +211,7 @@ def problems(changes: Changes, base: Setup, since: datetime, until: datetime) ->
     known = set(base.cohorts)
     for fieldname, names in (("quotas", changes.quotas), ("cohorts", changes.cohorts)):
         for name in sorted(set(names) - known):
-            errors[fieldname].append(f"There is no workspace named {name}.")
+            errors[fieldname].append(f"{NO_SUCH_WORKSPACE} {name}.")
     for name, value in changes.quotas.items():
         if name in known and resize(base.quotas.get(name, 0), value) < 0:
             errors["quotas"].append(

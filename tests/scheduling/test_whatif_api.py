@@ -65,8 +65,8 @@ def test_it_answers_400_naming_each_field_at_fault(world: World) -> None:
     response = admin.post(URL, bad, format="json")
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
-    assert set(fields) == {"quotas", "cohorts", "policy", "min_runtime_s", "cluster_gpus"}
-    assert "must be +N, -N or N whole GPUs" in fields["quotas"][0]
+    assert set(fields) == {"quotas.0", "cohorts.0", "policy", "min_runtime_s", "cluster_gpus"}
+    assert "'team-b=lots': the quota must be +N, -N or N whole GPUs" in fields["quotas.0"][0]
     assert fields["cluster_gpus"] == ["Give +N, -N or N whole GPUs, such as +16 or 64."]
     # Well-formed, but not against today's settings.
     response = admin.post(URL, {**bad, "quotas": ["team-b=-5", "nobody=+1"], "cohorts": [], "policy": "fifo",
