@@ -155,6 +155,7 @@ class WhatIfListView(APIView):
     @extend_schema(
         responses=inline_serializer("WhatIfReplayList", {"results": WhatIfReplaySerializer(many=True)}),
         summary="The latest 50 what-if replays",
+        operation_id="v1_admin_whatif_list",
     )
     def get(self, request: Request) -> Response:
         runs = WhatIfReplay.objects.all()[:50]
