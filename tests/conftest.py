@@ -134,6 +134,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit("The suite runs on PostgreSQL: use deploy/test.sh, or set DATABASE_URL.", returncode=2)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow (real processes, tens of seconds each) first, in their order: two test
+    processes then work through them beside the quick ones and end together, rather than one
+    running a long test alone at the end (deploy/test.sh)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _plain_static_files(settings: Any) -> None:
     """Pages link the unhashed files: what collectstatic left in the data directory is not these tests' concern

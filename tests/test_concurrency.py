@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
 from apps.compute.models import Instance
 from tests.personas import World, api_token
+
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
 
 
 def test_it_accepts_exactly_max_instances_of_20_parallel_launches(tx_world: World, live_server) -> None:

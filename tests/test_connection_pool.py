@@ -14,11 +14,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 from django.db import connection
 
 from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
+
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL_MAX = 4

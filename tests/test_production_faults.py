@@ -32,6 +32,8 @@ from tests.leftovers import stop_everything_of
 from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TEAM = "team-a"  # 4 h100 of quota on a machine of 8

@@ -28,6 +28,8 @@ from websockets.sync.client import connect
 from tests.personas import World, api_token
 from tests.workers.conftest import _database_url_for
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS, POOL_MAX = 2, 3
 

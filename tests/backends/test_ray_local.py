@@ -33,6 +33,8 @@ from workers.backends.base import Endpoint, Keep, NodeGroup, RayClusterSpec, Run
 from workers.backends.local import LocalBackend
 from workers.backends.raycluster import DASHBOARD_PORT, GCS_PORT, STATE_DIR, STATUS_FILE
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 START_TIMEOUT_S = 180.0
 #: The workspaces' accounts where the portal runs as root (numeric: no passwd entry is needed).
 CLUSTER_ACCOUNT = RunAs("gpw-ray-a", 200_611, 200_611)

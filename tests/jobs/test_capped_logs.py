@@ -10,10 +10,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads.host import converge
 from tests.personas import World
+
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
 
 MARKER = re.compile(r"\[portal\] log truncated: (\d+) bytes dropped\n")
 FLOOD = 3_000_000  # three times the cap

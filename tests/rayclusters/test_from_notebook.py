@@ -29,6 +29,8 @@ from tests.personas import World
 from tests.proxy import Proxy
 from tests.rayclusters.test_local_clusters import processes_of, wait_for
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 # The notebook's cell. The job prints the key of the workload it runs in (every process of a
 # cluster on the local backend has it) and a number that is in no command line, only in its output.
 CELL = """

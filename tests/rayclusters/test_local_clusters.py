@@ -27,6 +27,8 @@ from apps.workspaces.models import Cohort, Workspace
 from tests.leftovers import stop_everything_of
 from tests.personas import World
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 State = RayCluster.State
 
 # Every node pinned by its custom resource: each reports what CUDA_VISIBLE_DEVICES Ray gave it.

@@ -36,6 +36,8 @@ from workers.backends.pyenv import RAY_VERSION, ensure_ray_env
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm_commands import leader_id
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 NODE_PYTHON = "/usr/bin/python3"  # the nodes' Python: the accounts cannot reach pytest's
 #: The workspace account the clusters run as where the tests run as root (next to the ones the
 #: local backend's Ray tests use), made with groupadd/useradd as apps/workspaces/unix.py makes them.

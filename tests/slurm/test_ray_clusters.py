@@ -17,6 +17,8 @@ from tests.rayclusters.test_local_clusters import DRIVER
 from tests.slurm.conftest import Portal, squeue
 from tests.slurm.test_ray import NODE_PYTHON
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 
 @pytest.fixture
 def ray_portal(portal: Portal, settings: Any) -> Portal:

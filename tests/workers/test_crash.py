@@ -31,6 +31,8 @@ from tests.proxy import Proxy, browser_session
 from tests.workers.conftest import ROOT, _database_url_for
 from workers.tasks import converge
 
+pytestmark = pytest.mark.slow  # real processes: run first (tests/conftest.py)
+
 WAIT_S = 90.0
 
 
