@@ -545,8 +545,9 @@ class Backend(ABC):
         (``get_state()`` blobs) may answer from one query of the cluster about all of them made on
         entry, instead of a query each: a reconcile pass polls thousands. What it says is as old as
         the pass; a workload it has no answer for is asked as ``poll()`` asks alone; it raises
-        nothing a single poll would not. Only ``poll()`` may use it (a stop, a start, ``adopt()``
-        need fresh answers). Default: nothing, each ``poll()`` asks for itself."""
+        nothing a single poll would not. Only ``poll()`` and ``progress()`` (the pods it reads) may
+        use it (a stop, a start, ``adopt()`` need fresh answers). Default: nothing, each asks for
+        itself."""
         return contextlib.nullcontext()
 
     def sweep_orphans(self, owner: str, keep: Keep | None = None) -> list[str]:
