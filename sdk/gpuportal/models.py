@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gpuportal.errors import WaitTimeout, WorkloadFailed
 
@@ -639,17 +639,13 @@ class Job(_Refreshable):
         return self._bound().jobs.download_artifacts(self.id, dest, paths=paths)
 
     def summary(self) -> dict[str, str]:
-        running = self.running_for
-        status = _status_text(self.state, self.queue_info, int(running.total_seconds()) if running else None)
-        if self.is_final:
-            status = f"exit code {self.exit_code}" if self.exit_code is not None else self.failure_reason[:60]
         return {
             "ID": str(self.id),
             "Name": self.name,
             "Workspace": self.workspace,
             "GPUs": self.gpus,
             "State": self.state,
-            "Queue / running for": status,
+            "Queue / running for": queue_or_end(self),
         }
 
     def details(self) -> list[tuple[str, str]]:
@@ -680,6 +676,28 @@ def _waiting(state: str, queue: QueueInfo) -> str:
     if state != "QUEUED" or queue.position is None:
         return ""
     return f" position {queue.position}" + (f": {queue.reason}" if queue.reason else "")
+
+
+class _Ending(Protocol):
+    state: str
+    queue_info: QueueInfo
+    exit_code: int | None
+    failure_reason: str
+
+    @property
+    def is_final(self) -> bool: ...
+
+    @property
+    def running_for(self) -> timedelta | None: ...
+
+
+def queue_or_end(work: _Ending) -> str:
+    """A listing's "Queue / running for": the place and reason in line, how long it has run, or
+    how it ended (its exit code, else why it failed)."""
+    if work.is_final:
+        return f"exit code {work.exit_code}" if work.exit_code is not None else work.failure_reason[:60]
+    running = work.running_for
+    return _status_text(work.state, work.queue_info, int(running.total_seconds()) if running else None)
 
 
 def _status_text(state: str, queue: QueueInfo, running_s: int | None) -> str:

@@ -21,10 +21,10 @@ from gpuportal.models import (
     ResultList,
     _int_or_none,
     _queue,
-    _status_text,
     fmt_duration,
     fmt_gpus,
     parse_time,
+    queue_or_end,
 )
 from gpuportal.resources import Resource
 
@@ -121,10 +121,6 @@ class Workload(Model):
         return (self.finished_at or datetime.now(timezone.utc)) - self.started_at
 
     def summary(self) -> dict[str, str]:
-        running = self.running_for
-        status = _status_text(self.state, self.queue_info, int(running.total_seconds()) if running else None)
-        if self.is_final:
-            status = f"exit code {self.exit_code}" if self.exit_code is not None else self.failure_reason[:60]
         return {
             "ID": str(self.id),
             "Kind": self.kind,
@@ -132,7 +128,7 @@ class Workload(Model):
             "Workspace": self.workspace,
             "GPUs": self.gpus,
             "State": self.state,
-            "Queue / running for": status,
+            "Queue / running for": queue_or_end(self),
         }
 
     def details(self) -> list[tuple[str, str]]:
