@@ -8,7 +8,7 @@ from dataclasses import replace
 from decimal import Decimal
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from apps.scheduling.engine import (
@@ -604,6 +604,7 @@ def _replay(snap: Snapshot, decisions: Decisions):
         model.shift(w, admit.placement, +1)
 
 
+HOLDING = "; holding "  # in the reason of work that has nodes held for it
 PROPERTY = settings(max_examples=150, deadline=None, database=None)
 THOROUGH = settings(PROPERTY, max_examples=300)  # what they check turns up in a few snapshots only
 ANY = st.one_of(
@@ -714,8 +715,14 @@ def test_it_keeps_every_workspace_within_its_quota_and_what_it_may_borrow(snap: 
 @THOROUGH
 @given(PORTAL)
 def test_it_preempts_only_to_admit_a_workload_that_then_fits(snap: Snapshot) -> None:
-    """Every victim was needed: without them the workload did not fit, and without any one of them either."""
-    for model, w, _, victims in _replay(snap, schedule(snap)):
+    """Every victim was needed: without them the workload did not fit, and without any one of them either.
+
+    The model knows no held nodes: where work within its quota was refused while others borrow, the
+    cycle holds free nodes for it, and a later admission may need victims although the held nodes
+    are free. Such cycles are left to the scenarios (tests/scheduling/test_guarantees.py)."""
+    decisions = schedule(snap)
+    assume(not any(HOLDING in waiting.reason for waiting in decisions.pending))
+    for model, w, _, victims in _replay(snap, decisions):
         if not victims:
             continue
         assert not model.fits(w)
