@@ -107,6 +107,9 @@ class Event(StrEnum):
     RAY_FAILED = "raycluster.failed"
     RAY_STOPPED = "raycluster.stopped"
 
+    # What-if replays (apps/scheduling/whatif.py): an admin's replay of the portal's history
+    WHATIF_START = "whatif.start"
+
     # Alerts (apps/alerts): rules changed by users; alerts silenced, firing and resolved
     ALERT_RULE_CREATE = "alertrule.create"
     ALERT_RULE_UPDATE = "alertrule.update"

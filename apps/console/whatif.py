@@ -15,7 +15,7 @@ from apps.errors import ActionError
 from apps.scheduling import whatif
 from apps.scheduling.api import WhatIfRequestSerializer, csv_response
 from apps.scheduling.models import WhatIfReplay
-from apps.web.common import Errors, admin_only, page, refused, validated
+from apps.web.common import Errors, action_kwargs, admin_only, page, refused, validated
 from apps.web.templatetags.portal import duration
 
 FIELDS = (
@@ -58,7 +58,7 @@ def whatif_page(request: HttpRequest) -> HttpResponse:
             errors.setdefault(key.partition(".")[0], []).extend(errors.pop(key))
         if data is not None:
             try:
-                run = whatif.check_start_whatif(**data, acting_user=request.user)
+                run = whatif.check_start_whatif(**data, **action_kwargs(request))
             except ActionError as error:
                 refused(error, errors, set(FIELDS))
             else:

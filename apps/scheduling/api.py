@@ -23,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.audit.actions import Origin
 from apps.errors import RULE, Conflict
 from apps.scheduling import whatif
 from apps.scheduling.models import WhatIfReplay
@@ -165,7 +166,8 @@ class WhatIfListView(APIView):
     def post(self, request: Request) -> Response:
         asked = WhatIfRequestSerializer(data=request.data)
         asked.is_valid(raise_exception=True)
-        run = whatif.check_start_whatif(**asked.validated_data, acting_user=request.user)
+        origin = Origin.from_request(request)
+        run = whatif.check_start_whatif(**asked.validated_data, acting_user=request.user, origin=origin)
         run.refresh_from_db()
         return Response(WhatIfReplaySerializer(run).data, status=201)
 

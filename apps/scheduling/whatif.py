@@ -29,6 +29,8 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from apps.audit.actions import SYSTEM, Origin, do_log_event
+from apps.audit.events import Event
 from apps.errors import ActionError
 from apps.inventory.models import GPU
 from apps.scheduling import adapter
@@ -394,7 +396,9 @@ REPLAY_TASK = "portal.whatif_replay"  # workers/tasks.py
 
 
 @transaction.atomic(durable=True)
-def check_start_whatif(since: datetime, until: datetime, changes: Changes, *, acting_user: Any) -> WhatIfReplay:
+def check_start_whatif(
+    since: datetime, until: datetime, changes: Changes, *, acting_user: Any, origin: Origin = SYSTEM
+) -> WhatIfReplay:
     """Record an admin's what-if replay of the workloads submitted in [since, until) and, once
     committed, have a worker run it. ActionError (naming its field) for a request that makes no sense
     against today's settings. Changes nothing else: a replay never touches live state."""
@@ -405,6 +409,13 @@ def check_start_whatif(since: datetime, until: datetime, changes: Changes, *, ac
         name, messages = next(iter(found.items()))
         raise ActionError(messages[0], field=name)
     run = WhatIfReplay.objects.create(created_by=acting_user, since=since, until=until, changes=changes.as_json())
+    do_log_event(
+        Event.WHATIF_START,
+        run,
+        acting_user=acting_user,
+        origin=origin,
+        data={"since": since.isoformat(), "until": until.isoformat(), "changes": changes.describe()},
+    )
     transaction.on_commit(lambda: _send(run.pk))
     return run
 

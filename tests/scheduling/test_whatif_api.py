@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from apps.audit.models import AuditEvent
 from apps.scheduling import whatif
 from apps.scheduling.models import WhatIfReplay
 from tests.personas import PASSWORD, World
@@ -35,6 +36,9 @@ def test_an_admin_runs_a_replay_in_the_background_and_reads_it_side_by_side(
     assert response.status_code == 201, response.json()
     run_id = response.json()["id"]
     assert response.json()["changes"] == {"quotas": {"team-b": "+4"}, "cluster_gpus": "+0"}
+    started = AuditEvent.objects.get(action="whatif.start")
+    assert (started.actor, started.target_id, started.via) == (world.admin, str(run_id), "api")
+    assert started.data["changes"] == ["quota of team-b: +4 GPUs", "cluster: +0 GPUs"]
     shown = admin.get(f"{URL}{run_id}/").json()
     assert shown["state"] == "SUCCEEDED" and shown["progress"] == 1.0
     assert shown["changes_text"] == ["quota of team-b: +4 GPUs", "cluster: +0 GPUs"]
