@@ -276,20 +276,27 @@ def build_notebook_environment(notebook_id: int) -> Notebook | None:
 
 
 def sync_routes() -> tuple[int, int]:
-    """Remove the proxy's routes of notebooks that are not ready (a crash between a stop and its
-    record), and route ready notebooks the proxy lost (a proxy restart). Returns (removed, added)."""
+    """Remove the proxy's routes of notebooks that are neither ready nor starting (a crash between
+    a stop and its record), and route ready notebooks the proxy lost (a proxy restart). Returns
+    (removed, added).
+
+    The proxy's table is read first: a start connects its route, then records the notebook ready,
+    so a route the table has belongs to a notebook that the rows read after it show starting or
+    ready. The other order would take the route of a notebook that became ready in between, and a
+    person opening it at once would find no server behind its host name."""
     if not proxy.configured():
         return 0, 0
-    ready = {
-        proxy.host_route(notebook.host): notebook
-        for notebook in Notebook.objects.filter(state=Notebook.State.READY).only("pk", "name", "proxy_target")
-    }
     table = proxy.routes()
+    live = Notebook.objects.filter(state__in=[Notebook.State.STARTING, Notebook.State.READY])
+    routed = {
+        proxy.host_route(notebook.host): notebook for notebook in live.only("pk", "name", "state", "proxy_target")
+    }
+    ready = {route: notebook for route, notebook in routed.items() if notebook.state == Notebook.State.READY}
     removed = added = 0
     for route, entry in table.items():
         if "portal_notebook" not in entry:
             continue  # not one of ours
-        notebook = ready.get(route.rstrip("/"))
+        notebook = routed.get(route.rstrip("/"))
         if notebook is None or entry["portal_notebook"] != notebook.pk:
             proxy.remove_route(route)
             removed += 1
