@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -60,6 +60,8 @@ def names_no_workspace(message: str) -> bool:
 
 
 PROGRESS_EVERY_S = 1.0  # how often a running replay writes its progress
+# A running replay that wrote no progress for this long has lost its worker (`upkeep`).
+LOST_AFTER = timedelta(minutes=10)
 
 
 # --- Settings: today's and the admin's changes ------------------------------------------------
@@ -442,8 +444,9 @@ def run_replay(pk: int) -> None:
     """Run a queued what-if replay (the task's body): claimed once with a conditional update, so a
     second delivery does nothing; its progress and then its figures, or why it failed, written to
     its row only."""
+    now = timezone.now()
     claimed = WhatIfReplay.objects.filter(pk=pk, state=WhatIfReplay.State.QUEUED).update(
-        state=WhatIfReplay.State.RUNNING, started_at=timezone.now()
+        state=WhatIfReplay.State.RUNNING, started_at=now, heartbeat_at=now
     )
     if not claimed:
         return
@@ -452,15 +455,29 @@ def run_replay(pk: int) -> None:
         result = _replay(run)
     except Exception as error:  # recorded on the row for the admin; the worker goes on
         logger.exception("what-if replay %s failed", pk)
-        WhatIfReplay.objects.filter(pk=pk).update(
+        WhatIfReplay.objects.filter(pk=pk, state=WhatIfReplay.State.RUNNING).update(
             state=WhatIfReplay.State.FAILED,
             message=str(error)[:500] or type(error).__name__,
             finished_at=timezone.now(),
         )
         return
-    WhatIfReplay.objects.filter(pk=pk).update(
+    WhatIfReplay.objects.filter(pk=pk, state=WhatIfReplay.State.RUNNING).update(
         state=WhatIfReplay.State.SUCCEEDED, progress=1.0, result=result, finished_at=timezone.now()
     )
+
+
+def upkeep() -> dict[str, int]:
+    """Replays whose worker stopped mid-run (killed, its machine gone) end FAILED, saying so, rather
+    than showing "running" for ever; the scheduler loop calls it. A replay that comes back to life
+    after that writes nothing more: its progress and its end are written only while RUNNING."""
+    lost = WhatIfReplay.objects.filter(
+        state=WhatIfReplay.State.RUNNING, heartbeat_at__lt=timezone.now() - LOST_AFTER
+    ).update(
+        state=WhatIfReplay.State.FAILED,
+        message=f"Its worker stopped: no progress for {LOST_AFTER.seconds // 60} minutes. Start it again.",
+        finished_at=timezone.now(),
+    )
+    return {"whatif_lost": lost} if lost else {}
 
 
 def _replay(run: WhatIfReplay) -> dict[str, Any]:
@@ -477,7 +494,9 @@ def _replay(run: WhatIfReplay) -> dict[str, Any]:
     def report(fraction: float) -> None:
         if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
             last[0] = time.monotonic()
-            WhatIfReplay.objects.filter(pk=run.pk).update(progress=round(min(fraction, 0.999), 3))
+            WhatIfReplay.objects.filter(pk=run.pk, state=WhatIfReplay.State.RUNNING).update(
+                progress=round(min(fraction, 0.999), 3), heartbeat_at=timezone.now()
+            )
 
     figures = compare(history, base, changed, report)
     return {

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from apps.compute.actions import check_launch_instance, record_instance_start
 from apps.jobs.actions import check_submit_job, do_cancel_job, record_job_end, record_job_start
@@ -232,3 +233,38 @@ def test_progress_rises_to_the_end_over_both_replays(world: World) -> None:
     whatif.compare(history, base, whatif.Changes(quotas={"team-b": "+4"}).apply(base), seen.append)
     assert seen == sorted(seen) and len(seen) == 10  # one report as each of 5 workloads ends, twice
     assert seen[4] == 0.5 and seen[-1] == 1.0
+
+
+def test_a_replay_whose_worker_stopped_ends_failed_saying_so_and_a_late_end_changes_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contended_day(world)
+    now = timezone.now()
+    lost, alive = (
+        WhatIfReplay.objects.create(
+            since=T0, until=at(86400), state=WhatIfReplay.State.RUNNING, started_at=now, heartbeat_at=now
+        )
+        for _ in range(2)
+    )
+    WhatIfReplay.objects.filter(pk=lost.pk).update(heartbeat_at=now - whatif.LOST_AFTER - timedelta(seconds=1))
+    assert whatif.upkeep() == {"whatif_lost": 1}
+    lost.refresh_from_db()
+    assert lost.state == WhatIfReplay.State.FAILED and lost.finished_at is not None
+    assert lost.message == "Its worker stopped: no progress for 10 minutes. Start it again."
+    assert WhatIfReplay.objects.get(pk=alive.pk).state == WhatIfReplay.State.RUNNING
+    assert whatif.upkeep() == {}
+
+    # A worker that was only stuck, long enough to be taken for lost, writes nothing when it ends.
+    replay = whatif._replay
+
+    def stuck(run: WhatIfReplay) -> dict[str, Any]:
+        result = replay(run)
+        WhatIfReplay.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - 2 * whatif.LOST_AFTER)
+        whatif.upkeep()
+        return result
+
+    monkeypatch.setattr(whatif, "_replay", stuck)
+    late = WhatIfReplay.objects.create(since=T0, until=at(86400))
+    whatif.run_replay(late.pk)
+    late.refresh_from_db()
+    assert late.state == WhatIfReplay.State.FAILED and late.result is None, late.message

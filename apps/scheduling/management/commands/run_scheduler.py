@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from apps.monitoring.cycles import timed_cycle
+from apps.scheduling import whatif
 from apps.scheduling.adapter import requeue_unready_gangs
 from apps.telemetry import record as telemetry
 from apps.workloads.host import SWEEP_EVERY_S, reconcile
@@ -52,6 +53,7 @@ class Command(BaseCommand):
                     last_sweep = time.monotonic()
                 requeue_unready_gangs()
                 telemetry.upkeep()
+                whatif.upkeep()
                 result = timed_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
