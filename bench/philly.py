@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from apps.scheduling import replay  # noqa: E402
+from bench.scale import reference_loop_ms  # noqa: E402
 
 
 def run(policy: str, traces: Path, out: Path, extra: list[str]) -> tuple[dict[str, Any], float]:
@@ -62,14 +63,17 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     args.out.mkdir(parents=True, exist_ok=True)
     policies = ("fifo", "shared", "portal")
-    results, wall = {}, {}
-    for policy in policies:
+    results, wall, loop = {}, {}, {}
+    for policy in policies:  # the machine's speed before and after each replay
+        before = reference_loop_ms()
         results[policy], wall[policy] = run(policy, args.traces, args.out, extra)
+        loop[policy] = [before, reference_loop_ms()]
     fifo, portal = results["fifo"], results["portal"]
     summary = {
         "options": extra,
         **results,
         "wall_s": {policy: round(seconds, 1) for policy, seconds in wall.items()},
+        "reference_loop_ms": loop,
         "targets": targets(fifo, portal),
     }
     (args.out / "philly.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -79,6 +83,12 @@ def main() -> int:
     for key in keys:  # an estimate's figures are None without --estimates
         print(f"{key:{width}}" + "".join(f"  {results[policy][key]!s:>16}" for policy in policies))
     print(f"{'wall_s':{width}}" + "".join(f"  {wall[policy]:>16.1f}" for policy in policies))
+    # A fixed pure-Python loop's time (bench/scale.py), before and after: figures from other machines
+    # or hours compare as admissions per reference loop.
+    said = {p: f"{loop[p][0]:.0f} / {loop[p][1]:.0f}" for p in policies}
+    print(f"{'reference_loop_ms':{width}}" + "".join(f"  {said[p]:>16}" for p in policies))
+    per_loop = {p: results[p]["admissions_per_s"] * sum(loop[p]) / 2000 for p in policies}
+    print(f"{'admissions_per_loop':{width}}" + "".join(f"  {per_loop[p]:>16.1f}" for p in policies))
     for target in summary["targets"]:
         print(
             f"{'met' if target['met'] else 'MISSED':6}  {target['target']}: {target['value']} (limit {target['limit']})"

@@ -17,6 +17,7 @@ import random
 import statistics
 import sys
 import time
+import timeit
 import tracemalloc
 from decimal import Decimal
 from pathlib import Path
@@ -36,6 +37,14 @@ MIX = (
     ("0.25", 1, 5), ("0.5", 1, 10), ("1", 1, 45), ("2", 1, 10), ("4", 1, 10), ("8", 1, 10),
     ("8", 2, 5), ("8", 4, 3), ("8", 8, 2),
 )  # fmt: skip
+
+
+def reference_loop_ms() -> float:
+    """The machine's speed now: milliseconds for a fixed pure-Python loop (the best of 5 runs of 5), as
+    `python3 -m timeit -n 5 "sum(i*i for i in range(1000000))"` prints it. Figures from different
+    machines or hours compare as multiples of it."""
+    runs = timeit.repeat("sum(i*i for i in range(1000000))", number=5, repeat=5)
+    return round(min(runs) / 5 * 1000, 1)
 
 
 def cluster() -> tuple[tuple[WorkspaceInfo, ...], tuple[NodeInfo, ...]]:
@@ -231,7 +240,8 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     policy = Policy(name="portal", max_scan=args.max_scan)
     explained = Policy(name="portal")  # max_scan 100,000: the explained pass looks at every pending workload
-    result = {
+    before = reference_loop_ms()
+    result: dict[str, Any] = {
         "nodes": NODES,
         "gpus": NODES * GPUS_PER_NODE,
         "workspaces": COHORTS * WORKSPACES_PER_COHORT,
@@ -243,6 +253,14 @@ def main() -> int:
     if not args.only_passes:
         result["sustained"] = sustained(policy, args.seed, args.steps, args.finish_per_step)
         result["memory"] = peak_memory(explained, args.seed)
+    # The machine's speed, before and after: admissions per CPU second times the loop's seconds is
+    # admissions per reference loop, a figure that compares across machines (as a ratio, roughly).
+    result["reference_loop_ms"] = [before, reference_loop_ms()]
+    if "sustained" in result:
+        loop_s = statistics.mean(result["reference_loop_ms"]) / 1000
+        result["sustained"]["admissions_per_reference_loop"] = round(
+            result["sustained"]["admissions_per_s"] * loop_s, 1
+        )
     text = json.dumps(result, indent=2) + "\n"
     if args.json == "-":
         sys.stdout.write(text)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import cast
 
+from apps.scheduling.estimates import LINE as ESTIMATED_LINE
 from apps.scheduling.estimates import StartEstimates
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool, PoolNode
@@ -74,31 +75,50 @@ class _Queue:
     items: list[Item] = field(default_factory=list)
     shapes: Counter[Shape] = field(default_factory=Counter)  # how many of each shape it holds
     # Each shape the queue has held, numbered in the order first seen (kept: a few per queue), so
-    # that its items say their shape without a lookup of the workload.
-    numbers: dict[Shape, int] = field(default_factory=dict)
+    # that its items say their shape without a lookup of the workload. Work of several pod sets is
+    # numbered by its pod sets as well (its refusals differ from a plain shape's): see `grouped`.
+    numbers: dict[tuple[Shape, PodSets], int] = field(default_factory=dict)
+    kinds: list[tuple[Shape, bool]] = field(default_factory=list)  # per number: its shape, several pod sets
+    counts: Counter[int] = field(default_factory=Counter)  # how many of each number it holds
     gangs_since: list[float] = field(default_factory=list)  # the gangs' submission times, in order
     eligible: list[float] = field(default_factory=list)  # every workload's eligible_at, in order
+    declared: int = 0  # how many declare a limit (max_runtime_s): those may backfill held nodes
+
+    def number(self, workload: Workload) -> int:
+        shape = shape_of(workload)
+        key = (shape, workload.shapes if workload.more else ())
+        number = self.numbers.get(key)
+        if number is None:
+            number = self.numbers[key] = len(self.numbers)
+            self.kinds.append((shape, bool(workload.more)))
+        return number
 
     def add(self, workload: Workload) -> None:
-        shape = shape_of(workload)
-        number = self.numbers.get(shape)
-        if number is None:
-            number = self.numbers[shape] = len(self.numbers)
+        number = self.number(workload)
         insort(self.items, (-workload.priority, workload.seq, workload.key, number))
-        self.shapes[shape] += 1
+        self.shapes[self.kinds[number][0]] += 1
+        self.counts[number] += 1
         insort(self.eligible, workload.eligible_at)
         if is_gang(workload):
             insort(self.gangs_since, workload.submitted_at)
+        if workload.max_runtime_s is not None:
+            self.declared += 1
 
     def remove(self, workload: Workload) -> None:
-        shape = shape_of(workload)
-        self.items.remove((-workload.priority, workload.seq, workload.key, self.numbers[shape]))
+        number = self.number(workload)
+        self.items.remove((-workload.priority, workload.seq, workload.key, number))
+        shape = self.kinds[number][0]
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
             del self.shapes[shape]
+        self.counts[number] -= 1
+        if not self.counts[number]:
+            del self.counts[number]
         del self.eligible[bisect_left(self.eligible, workload.eligible_at)]
         if is_gang(workload):
             del self.gangs_since[bisect_left(self.gangs_since, workload.submitted_at)]
+        if workload.max_runtime_s is not None:
+            self.declared -= 1
 
     def waiting_out_backoff(self, now: float) -> bool:
         """Whether any of its workloads is still requeued with backoff at `now` (eligible later)."""
@@ -106,6 +126,7 @@ class _Queue:
 
 
 Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousandths per replica, replicas
+PodSets = tuple[tuple[int, int], ...]  # (thousandths per replica, replicas) per pod set; () for one
 
 
 def shape_of(workload: Workload) -> Shape:
@@ -115,6 +136,7 @@ def shape_of(workload: Workload) -> Shape:
     return (workload.gpu_type, workload.cluster, workload.replica_units, workload.replicas)
 
 
+_NONE: frozenset[int] = frozenset()
 _item_key: Callable[[Item], str] = itemgetter(2)
 _item_shape: Callable[[Item], int] = itemgetter(3)
 
@@ -166,6 +188,7 @@ class Engine:
         self.shares: dict[str, float] = {}  # see _share
         self.running: dict[str, _Running] = {}
         self.running_by: dict[tuple[str, str], dict[str, _Running]] = defaultdict(dict)  # (workspace, type)
+        self.on_node: dict[PoolNode, dict[str, _Running]] = defaultdict(dict)  # what runs on each node
         self.priorities: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)  # of running, per same key
         self.pending: dict[str, Workload] = {}
         self.queues: dict[str, _Queue] = defaultdict(_Queue)
@@ -180,8 +203,9 @@ class Engine:
         # (thousandths per replica, replicas): a shape at least as large in both fits no better, until
         # evictions give devices back (see _unplaceable).
         self.unplaceable: dict[tuple[str, str | None], list[tuple[int, int]]] = defaultdict(list)
-        self.memos = 0  # changes with what a pass knows of refusals: see _nothing_fits
-        self.fits_something: dict[str, tuple[int, int, bool]] = {}
+        self.memos = 0  # changes with what a pass knows of refusals: see _refused_shapes
+        # Per workspace, the shapes of its queue known to be refused, and what that holds for: see _refused_shapes.
+        self.fits_something: dict[str, tuple[tuple[int, int, bool], frozenset[int]]] = {}
         # False: every workload is examined one by one, as the pass would without its shortcuts (a
         # queue refused at once, a refusal's reason reused); the same decisions and reasons, slower
         # (tests compare the two, with the ledger's remembered answers off too).
@@ -214,11 +238,17 @@ class Engine:
             self.shares.pop(w.workspace, None)
         self.running[w.key] = running
         self.running_by[w.workspace, w.gpu_type][w.key] = running
+        for node, _ in running.held:
+            self.on_node[node][w.key] = running
+        self.preemption.changed(w.workspace, w.gpu_type, stopped=False)
         self.priorities[w.workspace, w.gpu_type][w.priority] += 1
 
     def _stop(self, key: str) -> _Running:
         running = self.running.pop(key)
         del self.running_by[running.workload.workspace, running.workload.gpu_type][key]
+        for node, _ in running.held:
+            self.on_node[node].pop(key, None)
+        self.preemption.changed(running.workload.workspace, running.workload.gpu_type, stopped=True)
         priorities = self.priorities[running.workload.workspace, running.workload.gpu_type]
         priorities[running.workload.priority] -= 1
         if not priorities[running.workload.priority]:
@@ -513,7 +543,7 @@ class Engine:
         """
         self.ledger.forget_owed()
         self._owe_up_front()
-        self.preemption.failed.clear()
+        self.preemption.new_pass()
         self.cut_short = False
         self.wanting = None
         cursor: dict[str, int] = {}
@@ -530,9 +560,10 @@ class Engine:
         refused: dict[str, int] = defaultdict(int)
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
         blocked: dict[tuple[str, str], tuple[int, str]] = {}
-        # A workspace all of whose queue would be refused without side effects is refused all at once
-        # where it would be popped again and again (see _nothing_fits); with explain, each of those
-        # workloads is given the reason it would have been given one by one.
+        # Work of a workspace's queue that would be refused without side effects, one after another
+        # (shapes at least as large as one refused, see _refused_shapes), is refused all at once where
+        # it would be popped again and again; with explain, each of those workloads is given the
+        # reason it would have been given one by one.
         while heap and scanned < self.policy.max_scan:
             _, _, name = heapq.heappop(heap)
             items = self.queues[name].items
@@ -559,6 +590,8 @@ class Engine:
                 elif kind in ("quota", "placement") and self.policy.preemption and not self.cut_short:
                     # No search left for it in this cycle: the next one must come on the period.
                     self.cut_short = self.preemption.may_preempt_for(workload)
+                    if self.cut_short:
+                        self.memos += 1  # refusals no longer say so: see _work_out_refused
                 if kind:
                     reasons[key] = reason
                     if kind == "quota":
@@ -567,46 +600,81 @@ class Engine:
                         self._hold_for(workload, kind, reason, reasons)
                     cursor[name] = position + 1
                     refused[name] += 1
-                    if (
-                        self.shortcuts
-                        and cursor[name] < len(items)
-                        and self._nothing_fits(name, blocked, preemption_tries > 0)
-                    ):
-                        # None of what it has left starves, so each ranks at most (3, share, name): if
-                        # that is ahead of every other workspace, it would be refused item after item.
-                        rank = (3, self._share(name), name)
-                        if not heap or rank < heap[0]:
-                            left = min(
-                                len(items) - cursor[name], slice_ - refused[name], self.policy.max_scan - scanned
-                            )
+                    if self.shortcuts and cursor[name] < len(items):
+                        left = self._refused_run(name, cursor[name], blocked, preemption_tries > 0)
+                        # None of those starves, so each ranks at most (3, share, name): if that is
+                        # ahead of every other workspace, they would be refused item after item.
+                        if left and (not heap or (3, self._share(name), name) < heap[0]):
+                            left = min(left, slice_ - refused[name], self.policy.max_scan - scanned)
                             if not quick:
                                 queue = self.queues[name]
                                 self._refuse_all(queue, cursor[name], cursor[name] + left, now, decisions, reasons)
                             scanned += left
                             refused[name] += left
                             cursor[name] += left
-                            continue
             if cursor[name] < len(items) and refused[name] < slice_:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
+        if not quick:
+            self._say_unexamined(now, cursor, refused, slice_, reasons)
 
-    def _nothing_fits(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool) -> bool:
-        """Whether every workload in the workspace's queue would be refused for what is known in this
-        pass, and its refusal change nothing: its quota refused one no larger, or no placement was
-        found for a shape no larger; none is a starving gang (its refusal holds nodes); none fits the
-        nominal quota while preemption searches are left or before all the workspace has idle is
-        owed (its refusal may preempt, or owe); and, while preemption searches are left, none
-        outranks the workspace's running work (it may preempt that)."""
+    def _say_unexamined(
+        self, now: float, cursor: dict[str, int], refused: dict[str, int], slice_: int, reasons: dict[str, str]
+    ) -> None:
+        """The reason of the workloads the pass did not reach, past each queue's cursor: their
+        workspace's share of the scan budget was spent on refusals, or the whole budget was."""
+        for name, position in cursor.items():
+            items = self.queues[name].items
+            if position >= len(items):
+                continue
+            if refused[name] >= slice_:
+                reason = (
+                    f"not examined in this pass: a pass refuses at most {slice_:,} workloads of one workspace's "
+                    f"queue (max_scan {self.policy.max_scan:,} shared by the {len(cursor)} with work waiting), "
+                    f"and this one is further back in workspace {name}'s"
+                )
+            else:
+                reason = f"not examined in this pass: a pass examines at most {self.policy.max_scan:,} workloads"
+            reasons.update(dict.fromkeys(map(_item_key, items[position:]), reason))
+            if self.queues[name].waiting_out_backoff(now):  # those say so as they would if examined
+                for _, _, key, _ in items[position:]:
+                    eligible_at = self.pending[key].eligible_at
+                    if eligible_at > now:
+                        reasons[key] = f"requeued with backoff: eligible again in {eligible_at - now:.0f} s"
+
+    def _refused_run(
+        self, name: str, start: int, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool
+    ) -> int:
+        """How many workloads of the workspace's queue from `start` on, one after another, are of
+        shapes `_refused_shapes` says are refused: each would be refused in turn, changing nothing."""
+        refused = self._refused_shapes(name, blocked, preempting)
+        items = self.queues[name].items
+        if not refused or items[start][3] not in refused:
+            return 0
+        if len(refused) == len(self.queues[name].counts):
+            return len(items) - start  # all of them
+        stop = start + 1
+        while stop < len(items) and items[stop][3] in refused:
+            stop += 1
+        return stop - start
+
+    def _refused_shapes(
+        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool
+    ) -> frozenset[int]:
+        """The shapes (their numbers in the workspace's queue) whose every workload would be refused
+        for what is known in this pass, its refusal changing nothing. Worked out again only when
+        what it depends on changed: use, what is owed, what the pass remembers of refusals, held
+        nodes, whether preemption searches are left."""
         known = (self.ledger.version, self.memos, preempting)
-        if self.fits_something.get(name) == known:
-            return False  # nothing it depends on changed since the last answer
-        if self._refused_all(name, blocked, preempting):
-            return True
-        self.fits_something[name] = known
-        return False
+        remembered = self.fits_something.get(name)
+        if remembered is not None and remembered[0] == known:
+            return remembered[1]
+        refused = self._work_out_refused(name, blocked, preempting)
+        self.fits_something[name] = (known, refused)
+        return refused
 
     def _refuse_all(self, queue: _Queue, start: int, stop: int, now: float, decisions: Decisions,
                     reasons: dict[str, str]) -> None:  # fmt: skip
-        """The reasons of the workloads in `queue.items[start:stop]`, which `_nothing_fits` says are
+        """The reasons of the workloads in `queue.items[start:stop]`, which `_refused_shapes` says are
         refused, as each would be given alone: the same for the same shape, as nothing changes while
         they are refused. The first of each shape is asked, in the order they come."""
         items = queue.items[start:stop]
@@ -631,30 +699,61 @@ class Engine:
 
     def _refusal(self, workload: Workload, decisions: Decisions) -> str:
         kind, reason = self._try_admit(workload, decisions)
-        assert kind, "a workload _nothing_fits refuses must not be admitted"
+        assert kind, "a workload _refused_shapes refuses must not be admitted"
         return reason
 
-    def _refused_all(self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool) -> bool:
+    def _work_out_refused(
+        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool
+    ) -> frozenset[int]:
+        """See _refused_shapes. A shape is refused when its quota refused one no larger, or no
+        placement was found for a shape no larger: a larger one fits no better, whether whole
+        devices or a share of one (a share needs a device with that much free, which a whole free
+        device has too). Its refusal changes nothing when: no workload of the queue is a starving
+        gang (its refusal holds nodes); while nodes are held, none declares a limit (it may
+        backfill them); within the nominal quota, no preemption search is left (nor, with none
+        left, has the cycle yet to say it cut them short), all the workspace has idle is owed
+        unless quota lets it through (then placement refuses it, which owes nothing), and it is not
+        entitled (`_entitled`) while one of its pools holds no nodes yet (its refusal may preempt,
+        owe or hold nodes); above it, while searches are left, the queue's first does not
+        outrank the workspace's running work (it may preempt that). Work of several pod sets is
+        always examined."""
         queue = self.queues[name]
         if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
-            return False
-        if self.held_until:
-            return False  # held nodes take some work that is declared to end in time: try each
+            return _NONE
+        if self.held_until and queue.declared:
+            return _NONE
         top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
-        for gpu_type, _, share, replicas in queue.shapes:
-            used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
-            if used + share * replicas <= nominal:
-                return False  # its refusal may preempt, owe quota or hold nodes for it
-            if preempting and any(p < top for p in self.priorities[name, gpu_type]):
-                return False
-        for gpu_type, cluster, share, replicas in queue.shapes:
-            known = blocked.get((name, gpu_type))
-            if known is not None and share * replicas >= known[0]:
+        # A refusal may start a preemption search, or, with none left, say that the cycle cut them short.
+        searching = preempting or (self.policy.preemption and not self.cut_short)
+        refused = []
+        for number in queue.counts:
+            (gpu_type, cluster, share, replicas), several = queue.kinds[number]
+            if several:
                 continue
-            unplaced = self.unplaceable.get((gpu_type, cluster), ())
-            if not any(s <= share and r <= replicas for s, r in unplaced):
-                return False
-        return True
+            units = share * replicas
+            used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
+            if used + units <= nominal:
+                if searching or self._may_hold(name, gpu_type, cluster):
+                    continue
+                if not self.ledger.owes_all(name, gpu_type) and not self.ledger.check_units(name, gpu_type, units)[0]:
+                    continue  # refused for quota, it is owed some (placement refusals owe nothing)
+            elif searching and any(p < top for p in self.priorities[name, gpu_type]):
+                continue
+            known = blocked.get((name, gpu_type))
+            if known is None or units < known[0]:
+                unplaced = self.unplaceable.get((gpu_type, cluster), ())
+                if not any(s <= share and r <= replicas for s, r in unplaced):
+                    continue
+            refused.append(number)
+        return frozenset(refused)
+
+    def _may_hold(self, name: str, gpu_type: str, cluster: str | None) -> bool:
+        """Whether refusing `name`'s work within its nominal quota may hold nodes for it (see _hold_for):
+        it is entitled, and one of its pools holds none yet."""
+        if not self._would_borrow(gpu_type) - {name}:
+            return False
+        pools = self.pools_by_type.get(gpu_type, ())
+        return any(not pool.held for pool in pools if not cluster or pool.cluster == cluster)
 
     def _rank(self, name: str, key: str) -> tuple[int, float, str]:
         """Within nominal quota before borrowing; in each, a gang starving past `starvation_s` goes
@@ -752,17 +851,13 @@ class Engine:
         for pool in self._pools_for(workload):
             if pool.held:
                 continue
-            count = max(1, share // UNIT)
-            candidates = sorted(
-                pool.nodes.values(), key=lambda n: (-n.whole, -max((f for f in n.free if f < UNIT), default=0), n.name)
-            )
-            chosen = [n for n in candidates if n.capacity >= count][: workload.all_replicas]
+            chosen = pool.to_hold(max(1, share // UNIT), workload.all_replicas)
             if len(chosen) < workload.all_replicas:
                 continue
             for node in chosen:
                 pool.hold(node)
-            names = {node.name for node in chosen}
-            on_them = [r for r in self.running.values() if r.pool is pool and any(n.name in names for n, _ in r.held)]
+            self.memos += 1  # refusals no longer hold nodes in this pool: see _work_out_refused
+            on_them = list({id(r): r for node in chosen for r in self.on_node[node].values()}.values())
             until = self._declared_end(on_them)
             if cap is not None:
                 until = cap if until is None else min(until, cap)
@@ -802,12 +897,14 @@ class Engine:
     def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
         """Reason, positions and estimated start for every workload still pending."""
         order = self._line()
-        starts = StartEstimates(self).starts(now, order)
+        starts = StartEstimates(self).starts(now, order[:ESTIMATED_LINE])
+        starts.extend([None] * (len(order) - len(starts)))  # beyond the first ESTIMATED_LINE: none
         keys = [workload.key for workload in order]
         said = list(map(reasons.get, keys))
-        for ahead, reason in enumerate(said):
-            if not reason:
-                said[ahead] = f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
+        if not all(said):
+            for ahead, reason in enumerate(said):
+                if not reason:
+                    said[ahead] = f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
         seen: dict[str, int] = {}
         positions = []
         for workload in order:
@@ -821,13 +918,14 @@ class Engine:
 
     def estimates(self, now: float, keys: Collection[str] = ()) -> dict[str, float]:
         """The estimated starts `cycle(now, explain=True)` would give after this cycle, for the pending
-        workloads in `keys` (all if empty): only the line up to the last of them is worked out."""
-        order = self._line()
+        workloads of the line down to the last of `keys` (all if empty)."""
+        order = self._line()[:ESTIMATED_LINE]
+        starts = StartEstimates(self).starts(now, order)
         if keys:
             wanted = set(keys)
             last = max((i for i, w in enumerate(order) if w.key in wanted), default=-1)
             order = order[: last + 1]
-        return StartEstimates(self).estimate(now, order)
+        return {workload.key: start for workload, start in zip(order, starts, strict=False) if start is not None}
 
 
 def schedule(snapshot: Snapshot) -> Decisions:

@@ -1,17 +1,34 @@
-"""Estimated starts: when each pending workload should start if everything ahead of it runs its
-expected time. Part of the pure scheduling core (no Django), worked out by the engine's cycles
-with `explain` and by the trace replay's `--estimates`."""
+"""Estimated starts: when each pending workload should start if all work runs its expected time and
+the line is admitted as the portal admits it. Part of the pure scheduling core (no Django), worked
+out by the engine's cycles with `explain` and by the trace replay's `--estimates`."""
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import insort
+from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool
-from apps.scheduling.types import Workload
+from apps.scheduling.types import UNIT, Policy, Workload
+
+# How much longer a run that has passed its expected runtime is expected to go on, as a share of how
+# long it has run. Set on the Philly trace (docs/benchmarks.md) so that about as many jobs start
+# before their estimate as after it: 0.75 puts 50% of the first 20,000 jobs' waiters before it and
+# 56% of the whole trace's; 1 (as long again) put 56% and 61%, 0.5 put 40% of the first 20,000.
+OVERRUN = 0.75
+
+# How far down the line starts are estimated: the first LINE workloads, the rest none. A wait behind
+# this many has no estimate worth the time (at 150,000 pending all of them cost an explained pass
+# about 0.9 s, the first 20,000 about a tenth of that); work later in line that the portal would
+# admit first by fair share is then left out of the play, which makes the estimates of the last of
+# the LINE a little early at worst.
+LINE = 20_000
+
+BACKOFF = ("", "")  # the group of an event at which a backoff ends (no workspace is named "")
 
 Scope = tuple[str, ...]  # a count of GPUs that estimates follow: ("type", t), ("workspace", w, t), ("cohort", c, t)
 
@@ -42,28 +59,73 @@ class EngineView(Protocol):
     @property
     def running(self) -> Mapping[str, RunningWork]: ...
 
+    @property
+    def pending(self) -> Mapping[str, Workload]: ...
 
-class _Count:
-    """A count of GPUs in a pass of estimates: what it has free, the latest end waited for in it, and
-    when the work it holds is expected to end: a heap of the moments, and the thousandths of a GPU
-    that end at each. (Work that ends at the same moment is freed at once; freed a part at a time,
-    the rest would be taken later without moving the clock, which is the same.)"""
+    @property
+    def history(self) -> Mapping[tuple[str, str], float]: ...
 
-    __slots__ = ("at", "clock", "ends", "room")
+    @property
+    def policy(self) -> Policy: ...
 
-    def __init__(self, room: int, clock: float) -> None:
-        self.room = room
-        self.clock = clock
-        self.ends: list[float] = []
-        self.at: dict[float, int] = {}
 
-    def hold(self, end: float, units: int) -> None:
-        """`units` more of it are held until `end` (the heap is made or kept by the caller)."""
-        if end in self.at:
-            self.at[end] += units
-        else:
-            self.at[end] = units
-            self.ends.append(end)
+class _Group:
+    """The pending work of one workspace and GPU type in a pass of estimates: the counts it waits on
+    and takes from, its workloads (indexes in the line, in line order) by how much each asks, and
+    what ranks it."""
+
+    __slots__ = ("by_need", "first", "key", "needs", "nominal", "past", "scale", "takes_from", "version", "waits_on")
+
+    def __init__(self, key: tuple[str, str], waits_on: list[Scope], takes_from: list[Scope]) -> None:
+        self.key = key
+        self.waits_on, self.takes_from = waits_on, takes_from
+        self.by_need: dict[int, deque[int]] = {}
+        self.needs: list[int] = []  # the keys of `by_need`, ascending
+        self.nominal = 0
+        self.past = 0.0  # decayed past use, in thousandths of a GPU over the half-life
+        self.scale = 0.0  # 1 / (GPUs of its type x its workspace's weight), for its share
+        self.version = 0  # an entry of it in its type's heap with another version is an old one
+        self.first = -1  # the first of its workloads in line (-1: none left)
+
+    def add(self, index: int, need: int) -> None:
+        line = self.by_need.get(need)
+        if line is None:
+            line = self.by_need[need] = deque()
+            insort(self.needs, need)
+        line.append(index)
+        if self.first < 0:
+            self.first = index  # workloads are added in line order
+
+    def first_fitting(self, space: int, moment: float, order: list[Workload]) -> int:
+        """The first of its workloads in line that asks for no more than `space` and may start at
+        `moment` (-1: none), taken out of the group."""
+        best, best_need = -1, 0
+        first = self.first
+        if first >= 0 and order[first].units <= space and order[first].eligible_at <= moment:
+            best, best_need = first, order[first].units  # the first in line fits: none can come before it
+        for need in self.needs if best < 0 else ():
+            if need > space:
+                break
+            line = self.by_need[need]
+            for index in line:
+                if order[index].eligible_at <= moment:
+                    if best < 0 or index < best:
+                        best, best_need = index, need
+                    break
+                if best >= 0 and index > best:
+                    break
+        if best >= 0:
+            line = self.by_need[best_need]
+            if line[0] == best:
+                line.popleft()
+            else:
+                line.remove(best)
+            if not line:
+                del self.by_need[best_need]
+                self.needs.remove(best_need)
+            if best == self.first:
+                self.first = min((line[0] for line in self.by_need.values()), default=-1)
+        return best
 
 
 class StartEstimates:
@@ -85,7 +147,7 @@ class StartEstimates:
 
     def _expected_end(self, workload: Workload, now: float) -> float:
         """When running work should end: at start + its runtime while that is ahead. A run past it
-        goes on, as far as anyone knows, for as long again as it has run (runtimes are heavy-tailed:
+        goes on for OVERRUN (three quarters) of the time it has run so far (runtimes are heavy-tailed:
         the longer a run has lasted, the longer it is likely to last), but never past its declared
         limit; once that has passed too, or with no runtime at all, its end is unknown (inf). Never
         `now` or before."""
@@ -93,109 +155,196 @@ class StartEstimates:
         end = started + self._runtime(workload)
         if end > now:
             return end
-        end = now + max(now - started, 1.0)
+        end = now + max(OVERRUN * (now - started), 1.0)
         if workload.max_runtime_s is not None:
             end = min(end, started + workload.max_runtime_s)
         return end if end > now else math.inf
 
     def estimate(self, now: float, order: list[Workload]) -> dict[str, float]:
-        """When each pending workload should start if everything ahead runs its expected time.
-
-        Counts of GPUs (see `_counts`), and the latest wins: each must have room for it. Running work
-        ends as `_expected_end` says; pending work starts in queue order as soon as its counts have
-        room and runs `_runtime`. An unknown end (inf) that a workload must wait for leaves it without
-        an estimate, and so every one after it in the same count. Neither placement nor preemption is
-        modelled: a gang may start later than its estimate, reclaimed quota earlier.
-        """
-        starts = self.starts(now, order)
-        return {workload.key: start for workload, start in zip(order, starts, strict=True) if start is not None}
+        """When each workload of `order` (the start of the line: priority, then submission) should
+        start, as `starts` works it out over the line: work later in line takes GPUs before work
+        ahead of it where it goes first, so all of it is played forward, down to the first `LINE`."""
+        order = order[:LINE]
+        keys = {workload.key for workload in order}
+        rest = sorted(
+            (w for w in self.engine.pending.values() if w.key not in keys), key=lambda w: (-w.priority, w.seq, w.key)
+        )
+        starts = self.starts(now, [*order, *rest[: LINE - len(order)]])
+        return {workload.key: start for workload, start in zip(order, starts, strict=False) if start is not None}
 
     def starts(self, now: float, order: list[Workload]) -> list[float | None]:
-        """`estimate`'s figures as a list in the order of `order`: None where it gives none."""
-        state: dict[Scope, _Count] = {}
-        groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]] = {}  # per (workspace, type)
-        self._running_ends(now, state, groups)
-        starts: list[float | None] = []
-        known = starts.append
-        heappop, heappush, inf = heapq.heappop, heapq.heappush, math.inf
-        for workload in order:
-            need = workload.units
-            if not need:
-                known(None)
-                continue
-            group = groups.get((workload.workspace, workload.gpu_type))
-            waits_on, takes_from = group or self._group(workload.workspace, workload.gpu_type, now, state, groups)
-            start = workload.eligible_at if workload.eligible_at > now else now
-            short = False
-            for count in waits_on:
-                if count.room < need:
-                    room, clock, events, at = count.room, count.clock, count.ends, count.at
-                    while room < need and events:
-                        end = heappop(events)
-                        room += at.pop(end)
-                        if end > clock:
-                            clock = end
-                    count.room, count.clock = room, clock
-                    short = short or room < need
-                if count.clock > start:
-                    start = count.clock
-            if short:
-                known(None)  # more than could ever be free at once: no estimate
-                continue
-            if start <= now:
-                # The counts have room now, yet it did not start: what they leave out (placement, a
-                # node held, the cluster it asked for) holds it until at least the next end of its type.
-                events = waits_on[0].ends
-                start = events[0] if events else inf
-                for count in waits_on:
-                    count.clock = max(count.clock, start)
-            # start + _runtime(workload), worked out in place
-            expected, limit = workload.expected_runtime_s, workload.max_runtime_s
-            if expected is None:
-                end = start + (inf if limit is None else limit)
-            else:
-                end = start + (expected if limit is None or not limit < expected else limit)
-            for count in takes_from:
-                count.room -= need
-                at = count.at
-                if end in at:
-                    at[end] += need
-                else:
-                    at[end] = need
-                    heappush(count.ends, end)
-            known(start if start < inf else None)
-        return starts
+        """When each workload of the line `order` should start if everything runs its expected time:
+        None where it gives none.
 
-    def _running_ends(
-        self, now: float, state: dict[Scope, _Count], groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]]
-    ) -> None:
-        """When the running work each count holds is expected to end, and how much of it."""
+        The line is played forward as the portal admits it. Running work ends as `_expected_end`
+        says. At each moment work ends, the waiting work of each workspace and GPU type goes in the
+        order of the portal's pass (work within its workspace's nominal quota first, then the lower
+        fair share), and in line order within it; every workload that its counts (`_counts`) have
+        room for starts, holds its GPUs for its `_runtime`, and adds to its workspace's use, and so
+        to its share; one that does not fit does not stop the ones behind it (backfill). A workload
+        that never finds room (behind work of unknown end) has no estimate. Neither placement nor
+        preemption is modelled: a gang may start later than its estimate, reclaimed quota earlier.
+        """
+        inf = math.inf
+        room: dict[Scope, int] = {}
+        used: dict[tuple[str, str], int] = {}
+        groups: dict[tuple[str, str], _Group] = {}
+        # When work ends, or waits out a backoff (group ("", "")): (moment, group); the units that
+        # end then, per (moment, group), are added up in `ending`.
+        events: list[tuple[float, tuple[str, str]]] = []
+        ending: dict[tuple[float, tuple[str, str]], int] = {}
+        soonest: dict[str, float] = {}  # per type: the next end of running work
         for running in self.engine.running.values():
             w = running.workload
             if running.units:
                 end = self._expected_end(w, now)
-                for count in (
-                    groups.get((w.workspace, w.gpu_type)) or self._group(w.workspace, w.gpu_type, now, state, groups)
-                )[1]:
-                    count.hold(end, running.units)
-        for count in state.values():
-            heapq.heapify(count.ends)
+                if end < inf:
+                    key = (w.workspace, w.gpu_type)
+                    if key not in groups:
+                        self._make_group(key, room, used, groups)
+                    if (end, key) in ending:
+                        ending[end, key] += running.units
+                    else:
+                        ending[end, key] = running.units
+                        events.append((end, key))
+                    if end < soonest.get(w.gpu_type, inf):
+                        soonest[w.gpu_type] = end
+        for index, workload in enumerate(order):
+            need = workload.units
+            if need:
+                key = (workload.workspace, workload.gpu_type)
+                group = groups.get(key) or self._make_group(key, room, used, groups)
+                group.add(index, need)
+                if workload.eligible_at > now:
+                    events.append((workload.eligible_at, BACKOFF))
+        heapq.heapify(events)
+        starts: list[float | None] = [None] * len(order)
+        heappush, heappop = heapq.heappush, heapq.heappop
+        # Per GPU type, the groups with work waiting, by rank (an entry whose version is not its
+        # group's is an old one); those a count other than their type's GPUs has no room for are
+        # parked on it, out of the heap, until work it holds ends.
+        heaps: dict[str, list[tuple[int, float, tuple[str, str], int]]] = {}
+        parked: dict[Scope, list[_Group]] = {}
+        for group in groups.values():
+            if group.needs:
+                heaps.setdefault(group.key[1], []).append(self._rank(group, order, used))
+        for heap in heaps.values():
+            heapq.heapify(heap)
+        moment = now
+        while True:
+            for gpu_type, heap in heaps.items():
+                gpus: Scope = ("type", gpu_type)
+                skipped = []
+                entry: tuple[int, float, tuple[str, str], int] | None = None
+                while entry is not None or heap:
+                    if entry is None:
+                        entry = heappop(heap)
+                    group = groups[entry[2]]
+                    if entry[3] != group.version:
+                        entry = None
+                        continue
+                    waits_on, least = group.waits_on, group.needs[0]
+                    space = room[gpus]
+                    short: Scope | None = None
+                    for scope in waits_on[1:]:
+                        if room[scope] < least:
+                            short = scope
+                            break
+                        if room[scope] < space:
+                            space = room[scope]
+                    if short is not None:
+                        parked.setdefault(short, []).append(group)
+                        entry = None
+                        continue
+                    index = group.first_fitting(space, moment, order) if space >= least else -1
+                    if index < 0:
+                        skipped.append(entry)
+                        entry = None
+                        continue
+                    workload = order[index]
+                    start = moment
+                    if start <= now:
+                        # The counts have room now, yet it did not start: what they leave out (placement,
+                        # a node held, the cluster it asked for) holds it until at least the next end of
+                        # its type.
+                        start = soonest.get(gpu_type, inf)
+                    need = workload.units
+                    for scope in group.takes_from:
+                        room[scope] -= need
+                    used[group.key] += need
+                    if start < inf:
+                        starts[index] = start
+                        end = start + self._runtime(workload)
+                        if end < inf:
+                            at = (end, group.key)
+                            if at in ending:
+                                ending[at] += need
+                            else:
+                                ending[at] = need
+                                heappush(events, at)
+                    entry = None
+                    if group.needs:
+                        entry = self._rank(group, order, used)
+                        if heap and heap[0] < entry:  # another group goes next
+                            heappush(heap, entry)
+                            entry = None
+                for old in skipped:
+                    heappush(heap, old)
+            if not events:
+                break
+            moment = events[0][0]
+            changed: dict[tuple[str, str], _Group] = {}  # groups woken, or whose share changed
+            while events and events[0][0] <= moment:
+                at = heappop(events)
+                freed = at[1]
+                if freed is BACKOFF:
+                    continue
+                units = ending.pop(at)
+                group = changed[freed] = groups[freed]
+                used[freed] -= units
+                for scope in group.takes_from:
+                    room[scope] += units
+                    for woken in parked.pop(scope, ()):
+                        changed[woken.key] = woken
+            for group in changed.values():
+                if group.needs:
+                    heappush(heaps[group.key[1]], self._rank(group, order, used))
+        return starts
 
-    def _group(
+    def _make_group(
         self,
-        name: str,
-        gpu_type: str,
-        now: float,
-        state: dict[Scope, _Count],
-        groups: dict[tuple[str, str], tuple[list[_Count], list[_Count]]],
-    ) -> tuple[list[_Count], list[_Count]]:
-        """`_counts` of a workspace and type, as the counts' states (made on first use)."""
+        key: tuple[str, str],
+        room: dict[Scope, int],
+        used: dict[tuple[str, str], int],
+        groups: dict[tuple[str, str], _Group],
+    ) -> _Group:
+        """The group of a workspace and type, its counts' room now and its use (made on first use)."""
+        name, gpu_type = key
         waits_on, takes_from = self._counts(name, gpu_type)
         for scope in takes_from:
-            if scope not in state:
-                state[scope] = _Count(self._room(scope), now)
-        group = groups[name, gpu_type] = [state[s] for s in waits_on], [state[s] for s in takes_from]
+            if scope not in room:
+                room[scope] = self._room(scope)
+        group = groups[key] = _Group(key, waits_on, takes_from)
+        used[key] = self.ledger.used.get(key, 0)
+        group.nominal = self.ledger.nominal(name, gpu_type)
+        capacity = self.engine.capacity.get(gpu_type, 0)
+        weight = max(self.ledger.workspace(name).weight, 1e-6)
+        group.scale = 1.0 / (capacity * weight) if capacity else 0.0  # no GPUs of the type: nothing fits
+        group.past = self.engine.history.get(key, 0.0) * UNIT / self.engine.policy.half_life_s
         return group
+
+    @staticmethod
+    def _rank(
+        group: _Group, order: list[Workload], used: dict[tuple[str, str], int]
+    ) -> tuple[int, float, tuple[str, str], int]:
+        """Where the group's next workload goes in the portal's pass: within its workspace's nominal
+        quota before borrowing, then the lower share of the GPUs of its type (use now and past use);
+        with a new version of the group's entry, which makes any earlier one old."""
+        key = group.key
+        use = used[key]
+        within = use + order[group.first].units <= group.nominal
+        group.version += 1
+        return (0 if within else 1, (use + group.past) * group.scale, key, group.version)
 
     def _counts(self, name: str, gpu_type: str) -> tuple[list[Scope], list[Scope]]:
         """(the counts a workload of this workspace and type must find room in, those its GPUs take

@@ -19,6 +19,7 @@ class Ledger:
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.nominal_of: dict[tuple[str, str], int] = {}
         self.limits_of: dict[tuple[str, str], tuple[int, int | None, int | None]] = {}
+        self.cohorts: dict[str, str | None] = {}  # each workspace's cohort, looked up once
         self.version = 0  # changes with every change of use or of what is owed
         # Quota owed to owners whose work within their nominal quota waits while it is lent: not lent
         # again, so that what borrowers give back goes to the owner first. Per (cohort, type) and per
@@ -60,18 +61,22 @@ class Ledger:
 
     def add(self, name: str, gpu_type: str, units: int) -> None:
         self.version += 1
-        cohort = self.workspace(name).cohort
-        known = (name, gpu_type) in self.used  # else its contribution is not counted yet
-        used = self.used[name, gpu_type]
-        if cohort is not None and known:
-            lend, borrowed = self._contribution(name, gpu_type, used)
-            self.lend[cohort, gpu_type] -= lend
-            self.borrowed[cohort, gpu_type] -= borrowed
-        self.used[name, gpu_type] = used + units
-        if cohort is not None:
-            lend, borrowed = self._contribution(name, gpu_type, used + units)
-            self.lend[cohort, gpu_type] += lend
-            self.borrowed[cohort, gpu_type] += borrowed
+        key = (name, gpu_type)
+        known = key in self.used  # else its contribution is not counted yet
+        used = self.used[key]
+        after = self.used[key] = used + units
+        cohort = self.cohorts.get(name, "")
+        if cohort == "":
+            cohort = self.cohorts[name] = self.workspace(name).cohort
+        if cohort is None:
+            return
+        # What it adds to the cohort's idle to lend and to its borrowed, before and after (as _contribution).
+        nominal, _, lending_limit = self._limits(name, gpu_type)
+        idle, idle_after = (max(0, nominal - used) if known else 0), max(0, nominal - after)
+        if lending_limit is not None:
+            idle, idle_after = min(idle, lending_limit), min(idle_after, lending_limit)
+        self.lend[cohort, gpu_type] += idle_after - idle
+        self.borrowed[cohort, gpu_type] += max(0, after - nominal) - (max(0, used - nominal) if known else 0)
 
     def register(self, name: str, gpu_type: str) -> None:
         """Count an idle workspace's quota as lendable before anything runs."""
@@ -140,7 +145,11 @@ class Ledger:
 
     def check(self, workload: Workload, units: int) -> tuple[bool, int, str]:
         """(fits, thousandths borrowed by this admission, the reason if it does not fit)."""
-        key = (workload.workspace, workload.gpu_type, units)
+        return self.check_units(workload.workspace, workload.gpu_type, units)
+
+    def check_units(self, name: str, gpu_type: str, units: int) -> tuple[bool, int, str]:
+        """`check` for `units` thousandths of `gpu_type` asked by workspace `name`."""
+        key = (name, gpu_type, units)
         known = self.checked.get(key)
         if known is not None and known[0] == self.version and self.remember:
             return known[1]

@@ -8,7 +8,7 @@ where work goes depends on the free devices alone, not on the order in which the
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heappop, heappush
+from heapq import heappop, heappush, nsmallest
 from typing import Generic, TypeVar
 
 from apps.scheduling.types import UNIT, NodeInfo, units_of
@@ -83,6 +83,7 @@ class Pool:
                 if 0 < free < UNIT:
                     self._add_partial(free, (node.name, position))
         self.capacity = sum(n.capacity for n in nodes) * UNIT
+        self.order = {node: at for at, node in enumerate(self.nodes.values())}  # each node's place in `nodes`
         self.free_units = sum(sum(n.free) for n in nodes)
 
     def _add_partial(self, free: int, device: tuple[str, int]) -> None:
@@ -99,26 +100,27 @@ class Pool:
         if not bucket:
             del self.levels[bisect_left(self.levels, free)]
 
-    def _rebucket(self, node: PoolNode, before: int) -> None:
-        if node.name in self.held:
-            return
-        if before != node.whole:
-            self.buckets[before].remove(node.name)
-            self.buckets[node.whole].add(node.name, node)
-
     def _change(self, node: PoolNode, devices: list[tuple[int, int]], sign: int) -> None:
-        before = node.whole
+        before = whole = node.whole
+        free = node.free
         for position, share in devices:
-            old = node.free[position]
+            old = free[position]
             new = old + sign * share
-            if 0 < old < UNIT:
+            if old == UNIT:
+                whole -= 1
+            elif old:
                 self._remove_partial(old, (node.name, position))
-            if 0 < new < UNIT:
+            if new == UNIT:
+                whole += 1
+            elif new:
                 self._add_partial(new, (node.name, position))
-            node.free[position] = new
+            free[position] = new
             self.free_units += sign * share
-        node.whole = sum(1 for f in node.free if f == UNIT)
-        self._rebucket(node, before)
+        if whole != before:
+            node.whole = whole
+            if node.name not in self.held:
+                self.buckets[before].remove(node.name)
+                self.buckets[whole].add(node.name, node)
 
     def take(self, node: PoolNode, devices: list[tuple[int, int]]) -> None:
         self._change(node, devices, -1)
@@ -134,6 +136,41 @@ class Pool:
         for node in self.held.values():
             self.buckets[node.whole].add(node.name, node)
         self.held.clear()
+
+    def roomy(self, share: int) -> set[PoolNode]:
+        """The nodes (held ones too) with room now for one replica of `share` thousandths: that many
+        whole free devices, or for a fraction one device with that much free."""
+        count = max(1, share // UNIT)
+        found = {node for whole in range(count, self.max_devices + 1) for node in self.buckets[whole].members.values()}
+        if share < UNIT:
+            for level in self.levels[bisect_left(self.levels, share) :]:
+                found.update(self.nodes[name] for name, _ in self.partial[level].members)
+        for node in self.held.values():
+            if node.whole >= count if share >= UNIT else max(node.free, default=0) >= share:
+                found.add(node)
+        return found
+
+    def to_hold(self, count: int, replicas: int) -> list[PoolNode]:
+        """The `replicas` nodes of at least `count` devices to hold for work that waits for them
+        (fewer if the pool has fewer): those with the most whole free devices, then the largest
+        free share of a partly used device, then the least name. Only the buckets it takes from are
+        ordered (held nodes are in none: hold from a pool that holds none)."""
+        freest: dict[str, int] = {}  # each node's largest free share of a partly used device
+        for level in reversed(self.levels):
+            for name, _ in self.partial[level].members:
+                freest.setdefault(name, level)
+        chosen: list[PoolNode] = []
+        for whole in range(self.max_devices, -1, -1):
+            bucket = [n for n in self.buckets[whole].members.values() if n.capacity >= count]
+            left = replicas - len(chosen)
+            if len(bucket) > left:
+                bucket = nsmallest(left, bucket, key=lambda n: (-freest.get(n.name, 0), n.name))
+            else:
+                bucket.sort(key=lambda n: (-freest.get(n.name, 0), n.name))
+            chosen.extend(bucket)
+            if len(chosen) == replicas:
+                break
+        return chosen
 
     def place_on_held_too(self, share: int, replicas: int) -> list[tuple[PoolNode, list[tuple[int, int]]]] | None:
         """`place`, with the held nodes open to it as well (backfill that ends before their gang

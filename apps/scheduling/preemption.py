@@ -16,6 +16,8 @@ reclaim impossible.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
@@ -27,6 +29,25 @@ from apps.scheduling.types import UNIT, Policy, Preempt, Workload
 EMPTY: frozenset[str] = frozenset()
 Search = tuple[str, str, int, bool, str | None, float | None, bool]  # what a search's candidates depend on
 Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, thousandths)]) per replica
+
+
+# (priority, minus when it started, key, when it started, the work): in cost order as it stands (see _ranked)
+Ranked = tuple[int, float, str, "float | None", "RunningWork"]
+
+
+def _started_by(ranked: list[Ranked], latest: float) -> list[Ranked]:
+    """The part of one workspace's `ranked` work (see Preemption._ranked) started by `latest`, in its
+    order: in each priority, what started later comes first, and is cut off by a binary search."""
+    if latest < 0:  # work with no start time counts as started at 0, yet is never too young
+        return [r for r in ranked if r[3] is None or r[3] <= latest]
+    kept: list[Ranked] = []
+    at, end = 0, len(ranked)
+    while at < end:
+        priority = ranked[at][0]
+        following = bisect_left(ranked, (priority, math.inf), at, end)  # the first of a higher priority
+        kept += ranked[bisect_left(ranked, (priority, -latest), at, following) : following]
+        at = following
+    return kept
 
 
 class RunningWork(Protocol):
@@ -71,6 +92,10 @@ class Preemption:
         # spared) a search as large or larger finds none either while the borrowers are the same and
         # nothing was evicted. The engine clears it every pass and after every eviction.
         self.failed: dict[Search, list[tuple[int, int, frozenset[tuple[str, int]]]]] = defaultdict(list)
+        # Each workspace's victims in cost order, per GPU type, until its running work changes (see _ranked).
+        self.ranked: dict[tuple[str, str], list[Ranked]] = {}
+        # The victims found per kind of search in this pass, until work is evicted (see changed).
+        self.found: dict[tuple[str, str, int, bool, frozenset[str], float], list[RunningWork]] = {}
 
     def may_preempt_for(self, workload: Workload) -> bool:
         """Preemption is for work within its workspace's nominal quota, or above lower-priority
@@ -152,14 +177,16 @@ class Preemption:
         """`victims` (cheapest first) less those of a workspace no longer above its nominal quota
         once the cheaper ones are gone (every prefix keeps to the rule). Work of a workspace without
         a budget (the workload's own, for priority) is not limited."""
-        left = dict(budget)
+        spent: dict[str, int] = {}  # of the budgets, by the victims kept so far (the budget is not copied)
         kept = []
         for running in victims:
             ws = running.workload.workspace
-            if ws in left:
-                if left[ws] <= 0:
+            left = budget.get(ws)
+            if left is not None:
+                so_far = spent.get(ws, 0)
+                if left - so_far <= 0:
                     continue  # no longer above its nominal quota once the cheaper ones are gone
-                left[ws] -= running.units
+                spent[ws] = so_far + running.units
             kept.append(running)
         return kept
 
@@ -174,22 +201,23 @@ class Preemption:
         if not victims:
             return []
         budget = budget or {}
-        on_node: dict[tuple[int, str], list[RunningWork]] = defaultdict(list)
+        on_node: dict[int, dict[PoolNode, list[RunningWork]]] = defaultdict(lambda: defaultdict(list))
         pools: dict[int, Pool] = {}
         for running in victims:
             if running.pool is None:
                 continue
             pools[id(running.pool)] = running.pool
-            for name in {held_node.name for held_node, _ in running.held}:
-                on_node[id(running.pool), name].append(running)
+            on_pool = on_node[id(running.pool)]
+            for held_node in {held_node for held_node, _ in running.held}:
+                on_pool[held_node].append(running)
         best: tuple[tuple[int, ...], list[RunningWork]] | None = None
         for pool_id, pool in pools.items():
             plans: list[tuple[tuple[int, int], list[RunningWork]]] = []
-            for node in pool.nodes.values():
-                on = on_node.get((pool_id, node.name))
-                if not on and (node.whole < share // UNIT if share >= UNIT else max(node.free, default=0) < share):
-                    continue  # nothing to evict there, and not enough free
-                plan = self._free_on(node, share, self._within(on or [], budget))
+            on_pool = on_node[pool_id]
+            # The nodes with victims, and those with room already, in the pool's order (the others
+            # have nothing to evict and not enough free).
+            for node in sorted(on_pool.keys() | pool.roomy(share), key=pool.order.__getitem__):
+                plan = self._free_on(node, share, self._within(on_pool.get(node, []), budget))
                 if plan is not None:
                     plans.append(((len(plan), -node.whole), plan))
             plans.sort(key=lambda pair: pair[0])
@@ -335,34 +363,67 @@ class Preemption:
     def victims(self, workload: Workload, now: float, spared: Collection[str]) -> list[RunningWork]:
         """Who may be evicted for `workload`, cheapest first: borrowers from other workspaces when it
         is within its nominal quota, then lower-priority work of its own workspace; never
-        non-preemptible work, work younger than `min_runtime_s` or work in `spared`."""
+        non-preemptible work, work younger than `min_runtime_s` or work in `spared` (the work admitted
+        in this pass, which only grows within it). The list is shared: not to be changed."""
         name, gpu_type = workload.workspace, workload.gpu_type
         entitled = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
+        asked = (name, gpu_type, workload.priority, entitled, self.borrowers(gpu_type), now)
+        found = self.found.get(asked)
+        if found is None:
+            found = self.found[asked] = self._victims(workload, entitled, now, spared)
+        return found
+
+    def _victims(self, workload: Workload, entitled: bool, now: float, spared: Collection[str]) -> list[RunningWork]:
+        name, gpu_type = workload.workspace, workload.gpu_type
         cohort = self.ledger.workspace(name).cohort
-        candidates = set(self.borrowers(gpu_type)) - {name} if entitled else set()
-        if any(priority < workload.priority for priority in self.priorities[name, gpu_type]):
-            candidates.add(name)
-        min_runtime = self.policy.min_runtime_s
-        ranked = []
         # Cheapest first: other workspaces' borrowers (of the same cohort, whose loan this is, first),
         # then lower-priority work of its own; in each, lower priority, then the most recently started
-        # (least work lost).
-        for ws in sorted(candidates):
-            own = ws == name
-            tier = 1 if own else 0
-            elsewhere = 0 if own else int(self.ledger.workspace(ws).cohort != cohort)
-            for running in self.running_by[ws, gpu_type].values():
-                victim = running.workload
-                started = victim.started_at
-                if not victim.preemptible or not running.units or (own and victim.priority >= workload.priority):
-                    continue
-                if started is not None and now - started < min_runtime:  # too young to evict
-                    continue
-                if victim.key in spared:  # its admission and its eviction would leave together
-                    continue
-                ranked.append(((tier, elsewhere, victim.priority, -(started or 0.0), victim.key), running))
-        ranked.sort(key=lambda pair: pair[0])
-        return [running for _, running in ranked]
+        # (least work lost). Each workspace's work is kept in that order (see _ranked), so that the
+        # groups are merged rather than sorted anew.
+        latest = now - self.policy.min_runtime_s  # started later: too young to evict
+        same: list[Ranked] = []
+        elsewhere: list[Ranked] = []
+        for ws in self.borrowers(gpu_type) if entitled else ():
+            if ws != name:
+                group = same if self.ledger.workspace(ws).cohort == cohort else elsewhere
+                group += _started_by(self._ranked(ws, gpu_type), latest)
+        own: list[Ranked] = []
+        if any(priority < workload.priority for priority in self.priorities[name, gpu_type]):
+            own = [r for r in _started_by(self._ranked(name, gpu_type), latest) if r[0] < workload.priority]
+        chosen: list[RunningWork] = []
+        for group in (same, elsewhere, own):
+            group.sort()  # runs already in order: merged
+            chosen += [ranked[4] for ranked in group]
+        if self.policy.min_runtime_s <= 0:  # work admitted in this pass is not too young: spare it
+            chosen = [running for running in chosen if running.workload.key not in spared]
+        return chosen
+
+    def changed(self, name: str, gpu_type: str, stopped: bool) -> None:
+        """A workload of `name` of `gpu_type` started or stopped: its victims are ranked again, and
+        once work stopped (evicted), every search's victims are found again. Work started in a pass is
+        never a victim in it (too young, and spared): what was found holds until then."""
+        self.ranked.pop((name, gpu_type), None)
+        if stopped:
+            self.found.clear()
+
+    def new_pass(self) -> None:
+        """A pass begins: nothing it knew of failed searches or victims holds any longer."""
+        self.failed.clear()
+        self.found.clear()
+
+    def _ranked(self, name: str, gpu_type: str) -> list[Ranked]:
+        """`name`'s running preemptible `gpu_type` work holding GPUs, cheapest first: by priority, then
+        the latest started (least work lost), then key."""
+        ranked = self.ranked.get((name, gpu_type))
+        if ranked is None:
+            ranked = [
+                (w.priority, -(w.started_at or 0.0), w.key, w.started_at, running)
+                for running in self.running_by[name, gpu_type].values()
+                if (w := running.workload).preemptible and running.units
+            ]
+            ranked.sort()
+            self.ranked[name, gpu_type] = ranked
+        return ranked
 
     def borrowers(self, gpu_type: str) -> frozenset[str]:
         """The workspaces using more `gpu_type` than their nominal quota (worked out again only when

@@ -447,9 +447,8 @@ class Replay:
             self._record_estimates(now)
 
     def _record_estimates(self, now: float) -> None:
-        """Each waiting job's first estimated start, as the portal's cycle at this moment would show it;
-        worked out only for the line up to the last job that has none yet, and timed apart from the
-        engine's scheduling (the replay's cycles do not explain)."""
+        """Each waiting job's first estimated start, as the portal's cycle at this moment would show it,
+        timed apart from the engine's scheduling (the replay's cycles do not explain)."""
         started = time.process_time()
         estimates = self.engine.estimates(now, self.unestimated)
         for job_id in list(self.unestimated):

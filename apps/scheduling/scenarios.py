@@ -325,6 +325,27 @@ def _searches_run_out() -> Scenario:
     )
 
 
+def fraction_stream(sizes: tuple[str, ...], jobs: int) -> Scenario:
+    """Not a guarantee but a cost: a borrower without quota streams `jobs` short jobs, one a minute,
+    their GPUs taken in turn from `sizes` (e.g. 0.25, 0.5 and 0.75: more than the cluster runs, so a
+    backlog of mixed shares of a device builds up); the owner asks for one whole GPU at hour 2.
+    bench/scenarios.py times the engine on it."""
+    t = _Trace()
+    for n in range(jobs):
+        t.add("borrower", 60.0 * n, (1200.0, 1800.0, 2400.0)[n % 3], sizes[n % len(sizes)])
+    t.add("owner", 2 * HOUR, 4 * HOUR, 1, protected=True)
+    return Scenario(
+        f"fraction-stream-{'-'.join(sizes)}",
+        f"a borrower without quota streams {jobs} short jobs of {', '.join(sizes)} GPU in turn; the owner "
+        "asks for one whole GPU",
+        {"owner": 8, "borrower": 0},
+        None,
+        t.done(),
+        frozenset(t.protected),
+        reclaim_bound,
+    )
+
+
 SCENARIOS: tuple[Callable[[], Scenario], ...] = (
     _flood_then_reclaim_small, _flood_then_reclaim_stream, _flood_then_reclaim_gangs, _reclaim_spread,
     _gangs_in_stream_one_team, _gangs_in_stream_borrowing, _no_quota, _blocked_queue, _fractions,

@@ -101,7 +101,7 @@ def test_it_says_unknown_behind_work_whose_runtime_is_unknown() -> None:
 @pytest.mark.parametrize(
     ("runtimes", "end"),
     [
-        ({"expected_runtime_s": 40.0}, NOW + 100),  # as long again as it has run
+        ({"expected_runtime_s": 40.0}, NOW + 75),  # three quarters of the 100 s it has run (OVERRUN)
         ({"expected_runtime_s": 40.0, "max_runtime_s": 150.0}, NOW + 50),  # but not past its limit
         ({"expected_runtime_s": 40.0, "max_runtime_s": 90.0}, None),  # past its limit too: unknown
     ],

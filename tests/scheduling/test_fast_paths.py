@@ -64,18 +64,18 @@ def _run(
     backoff: bool = False,
     refused: list[bool] | None = None,
 ) -> tuple[list[tuple[list[str], list[str]]], list[Explained]]:
-    """Twelve cycles on a crowded cluster. `calls` gets `_nothing_fits`'s answers; `refused`, for each
-    queue refused at once, whether some of its work was still in its backoff. With `backoff`, some of
-    the work submitted before the fourth cycle is requeued with backoff."""
+    """Twelve cycles on a crowded cluster. `calls` gets whether `_refused_run` found work to refuse at
+    once; `refused`, for each run refused at once, whether some of its queue's work was still in its
+    backoff. With `backoff`, some of the work submitted before the fourth cycle is requeued with backoff."""
     workspaces, nodes = _cluster()
     engine = Engine(workspaces, nodes, Policy(min_runtime_s=120.0, starvation_s=10_000.0))
     engine.shortcuts = engine.ledger.remember = shortcuts
-    original = engine._nothing_fits
+    original = engine._refused_run
     refuse_all = engine._refuse_all
 
-    def spy(*args: object) -> bool:
+    def spy(*args: object) -> int:
         answer = original(*args)  # type: ignore[arg-type]
-        calls.append(answer)
+        calls.append(answer > 0)
         return answer
 
     def spy_refusals(queue: _Queue, start: int, stop: int, now: float, *rest: Any) -> None:
@@ -83,7 +83,7 @@ def _run(
             refused.append(queue.waiting_out_backoff(now))
         refuse_all(queue, start, stop, now, *rest)
 
-    engine._nothing_fits = spy  # type: ignore[method-assign]
+    engine._refused_run = spy  # type: ignore[method-assign]
     engine._refuse_all = spy_refusals  # type: ignore[method-assign]
     for workload in _stream(seed, 600, 0, 0.0, backoff):
         engine.submit(workload)
@@ -198,3 +198,27 @@ def test_the_ledger_answers_anew_once_quota_is_owed_or_repaid() -> None:
     assert not ledger.check(asks, asks.units)[0]
     ledger.forget_owed()  # a new pass
     assert ledger.check(asks, asks.units)[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_nodes_held_for_work_are_the_freest_whatever_the_buckets_say(seed: int) -> None:
+    """`Pool.to_hold` orders only the buckets it takes from: the same nodes as ordering every node by
+    whole free devices, then the largest free share of a partly used device, then name."""
+    rng = random.Random(seed)
+    nodes = [
+        PoolNode(NodeInfo(f"n{n:02d}", "c", "h100", tuple(Device(i, Decimal(1)) for i in range(rng.choice((4, 8))))))
+        for n in range(30)
+    ]
+    pool = Pool("c", "h100", nodes, spread=False)
+    for node in nodes:
+        for position in range(node.capacity):
+            taken = rng.choice((0, 0, UNIT, UNIT, 250, 500, 750))
+            if taken:
+                pool.take(node, [(position, taken)])
+
+    def freest(node: PoolNode) -> tuple[int, int, str]:
+        return (-node.whole, -max((f for f in node.free if f < UNIT), default=0), node.name)
+
+    for count, replicas in ((1, 1), (1, 5), (4, 3), (8, 2), (8, 40), (2, 30)):
+        expected = [n for n in sorted(nodes, key=freest) if n.capacity >= count][:replicas]
+        assert [n.name for n in pool.to_hold(count, replicas)] == [n.name for n in expected]
