@@ -244,6 +244,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+# Where a sign-in through the provider that names no `next` page lands: the overview, as the
+# password form's does (`next_page` in apps/web/signin.py). mozilla-django-oidc's callback reads this
+# setting (through apps/accounts/oidc.get_settings); Django's default, /accounts/profile/, is no
+# page of the portal's.
+LOGIN_REDIRECT_URL = "web:landing"
 
 # --- Mail (invitations; docs/identity.md) ------------------------------------------------------
 # Through SMTP once EMAIL_HOST is set; else each message is written as a file under

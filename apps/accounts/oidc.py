@@ -49,6 +49,65 @@ class SsoUnavailable(Exception):
     """The provider's configuration could not be read: sign-in through it cannot start."""
 
 
+class SsoMisconfigured(SsoUnavailable):
+    """The provider's configuration was read, and does not match the portal's settings: trying again
+    does not help until an administrator changes one or the other. `explain` says so to the person
+    signing in."""
+
+    def __init__(self, detail: str, *, explain: str) -> None:
+        super().__init__(detail)
+        self.explain = explain
+
+
+class TokenRefused(SuspiciousOperation):
+    """An ID token refused for what it says, not for the browser's session: `explain` tells the person
+    signing in what is wrong and whom to tell."""
+
+    def __init__(self, detail: str, *, explain: str) -> None:
+        super().__init__(detail)
+        self.explain = explain
+
+
+TELL_ADMIN = "Tell the portal's administrator: signing in again will not help until they fix it."
+
+
+def _clocks_disagree(detail: str) -> TokenRefused:
+    return TokenRefused(
+        f"the ID token was refused: {detail}",
+        explain=(
+            "The identity provider's answer was out of date when it reached the portal: the clocks of "
+            "the portal and of the identity provider disagree, or the sign-in took too long. Start again "
+            "from the sign-in page; if this happens again, tell the portal's administrator that the "
+            "clocks disagree."
+        ),
+    )
+
+
+def _settings_disagree(detail: str, what: str) -> TokenRefused:
+    return TokenRefused(
+        f"the ID token was refused: {detail}",
+        explain=(
+            f"The identity provider's answer does not match the portal's settings for it ({what}): the "
+            f"provider's settings and the portal's disagree. {TELL_ADMIN}"
+        ),
+    )
+
+
+def _refusal(error: jwt.PyJWTError) -> TokenRefused:
+    """What a refused ID token means for the person signing in, by why PyJWT refused it."""
+    if isinstance(error, (jwt.ExpiredSignatureError, jwt.ImmatureSignatureError)):
+        return _clocks_disagree(str(error))
+    if isinstance(error, jwt.InvalidIssuerError):
+        return _settings_disagree(str(error), f"it comes from another issuer than {settings.PORTAL_OIDC_ISSUER}")
+    if isinstance(error, jwt.InvalidAudienceError):
+        return _settings_disagree(str(error), f"it is for another client than {settings.PORTAL_OIDC_CLIENT_ID}")
+    if isinstance(error, jwt.InvalidSignatureError):
+        return _settings_disagree(str(error), "its signature does not match the provider's published keys")
+    if isinstance(error, jwt.MissingRequiredClaimError):
+        return _settings_disagree(str(error), f"it has no {error.claim!r} claim")
+    return _settings_disagree(str(error), "it is not an ID token the portal can read")
+
+
 def enabled() -> bool:
     return bool(settings.PORTAL_OIDC_ISSUER)
 
@@ -85,7 +144,14 @@ def _discovery(issuer: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise SsoUnavailable(f"{url} is not a discovery document")
     if str(document.get("issuer", "")).rstrip("/") != issuer:
-        raise SsoUnavailable(f"{url} describes another issuer: {document.get('issuer')!r}")
+        named = str(document.get("issuer"))[:200]
+        raise SsoMisconfigured(
+            f"{url} describes another issuer: {named!r}",
+            explain=(
+                f"Single sign-on is set up wrongly: the identity provider calls itself {named}, and the "
+                f"portal's settings name it {issuer}. {TELL_ADMIN}"
+            ),
+        )
     _discovered[issuer] = (time.monotonic(), document)
     return document
 
@@ -105,7 +171,8 @@ def provider() -> Provider:
     values = {name: value or str(found.get(name) or "") for name, value in explicit.items()}
     missing = [name for name in required if not values[name]]
     if missing:
-        raise SsoUnavailable(f"the identity provider names no {', '.join(missing)}")
+        detail = f"the identity provider names no {', '.join(missing)}"
+        raise SsoMisconfigured(detail, explain=f"Single sign-on is set up wrongly: {detail}. {TELL_ADMIN}")
     return Provider(issuer=issuer, **values)
 
 
@@ -177,7 +244,8 @@ class SsoBackend(OIDCAuthenticationBackend):
         header = jwt.get_unverified_header(payload)
         if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
             alg = header.get("alg")
-            raise SuspiciousOperation(f"the ID token is signed with {alg!r}, not {self.OIDC_RP_SIGN_ALGO}")
+            detail = f"the ID token is signed with {alg!r}, not {self.OIDC_RP_SIGN_ALGO}"
+            raise _settings_disagree(detail, f"it is signed with {alg!r}, not {self.OIDC_RP_SIGN_ALGO}")
         try:
             claims: dict[str, Any] = jwt.decode(
                 payload,
@@ -189,9 +257,9 @@ class SsoBackend(OIDCAuthenticationBackend):
                 options={"require": ["iss", "sub", "aud", "exp", "iat"]},
             )
         except jwt.PyJWTError as error:
-            raise SuspiciousOperation(f"the ID token was refused: {error}") from error
+            raise _refusal(error) from error
         if claims["iat"] > time.time() + LEEWAY_S:
-            raise SuspiciousOperation("the ID token was refused: it was issued in the future")
+            raise _clocks_disagree("it was issued in the future")
         return claims
 
     def get_userinfo(self, access_token: str, id_token: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -108,11 +108,17 @@ def _attempt(now: datetime, status: str, error: str) -> dict[str, Any]:
 
 
 def page_url(alert: Alert) -> str:
-    """Where to see the alert: the console for a rule over every workspace, else the API."""
+    """Where a person sees the alert: the console's alerts page for a rule over every workspace,
+    else its workspace's alerts page."""
     base = settings.PORTAL_PUBLIC_URL.rstrip("/")
     if alert.rule.workspace_id is None:
         return base + reverse("console:alerts")
-    return base + reverse("alert-detail", kwargs={"pk": alert.pk})
+    return base + reverse("web:alerts", kwargs={"ws": alert.rule.workspace.name})
+
+
+def api_url(alert: Alert) -> str:
+    """The alert in the API (`/api/v1/alerts/<id>/`), for a program."""
+    return settings.PORTAL_PUBLIC_URL.rstrip("/") + reverse("alert-detail", kwargs={"pk": alert.pk})
 
 
 def payload(alert: Alert, status: str) -> dict[str, Any]:
@@ -126,12 +132,15 @@ def payload(alert: Alert, status: str) -> dict[str, Any]:
             "kind": rule.kind,
             "workspace": rule.workspace.name if rule.workspace else None,
         },
-        "labels": alert.labels,
+        # A label that does not apply is left out, never sent empty (as alerts evaluated before
+        # labels were left out may still hold).
+        "labels": {key: value for key, value in alert.labels.items() if value != ""},
         "value": None if alert.value is None else str(alert.value),
         "threshold": str(rule.threshold),
         "started_at": (alert.firing_since or alert.pending_since).isoformat(),
         "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
         "url": page_url(alert),
+        "api_url": api_url(alert),
     }
 
 

@@ -157,7 +157,9 @@ def _queue_wait(rule: AlertRule, now: datetime) -> dict[str, Found]:
     for workspace_id, since in first.items():
         waited = Decimal(max(0.0, (now - since).total_seconds())).quantize(Decimal("0.01"))
         if waited > rule.threshold:
-            labels = {"workspace": names[workspace_id], "gpu_type": rule.gpu_type}
+            labels = {"workspace": names[workspace_id]}
+            if rule.gpu_type:  # a rule over every GPU type has no such label, rather than an empty one
+                labels["gpu_type"] = rule.gpu_type
             found[f"workspace={names[workspace_id]}"] = Found(labels, waited, workspace_id)
     return found
 

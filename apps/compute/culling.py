@@ -62,7 +62,7 @@ def cull(now: datetime | None = None) -> dict[str, int]:
     counts = {"idle_warned": 0, "idle_culled": 0, "runtime_culled": 0}
     _past_runtime(now, counts)
     notebooks = Notebook.objects.filter(state=Notebook.State.READY, workspace__max_idle_s__isnull=False)
-    for notebook in notebooks.select_related("workspace", "created_by"):
+    for notebook in notebooks.select_related("workspace", "created_by", "instance"):
         try:
             _judge(notebook, last_activity(notebook, now), now, counts)
         except Exception:  # one notebook never stops the others' upkeep

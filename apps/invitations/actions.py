@@ -2,7 +2,8 @@
 
 An owner invites an address to the workspace with a role; a member (or owner) invites one to an
 instance, as its collaborator with read or write access (apps/compute/collaborators.py). The
-portal mails a link that carries a secret (only its SHA-256 is kept). The link is good once, for
+portal mails a link that carries a secret (only its SHA-256 is kept). Sending it again mails a new
+link; the old one stops working, and says that a newer one replaced it. The link is good once, for
 `PORTAL_INVITATION_DAYS` days, until withdrawn, and only for an account with that address: one
 that has it already (a local account, or one from the identity provider), or, without single
 sign-on, one the invitee makes from the link. Accepting gives the role (never lowering one the
@@ -34,7 +35,7 @@ from apps.audit.models import AuditEvent
 from apps.compute.collaborators import do_set_collaborator
 from apps.compute.models import Collaborator, Instance
 from apps.errors import ActionError, Conflict, TooMany
-from apps.invitations.models import Invitation
+from apps.invitations.models import Invitation, ReplacedLink
 from apps.workspaces.actions import do_set_membership
 from apps.workspaces.models import ROLE_RANK, Membership, Role, Workspace
 
@@ -56,11 +57,18 @@ def digest(secret: str) -> str:
 
 
 def find(secret: str) -> Invitation | None:
-    """The invitation a link's secret belongs to, whatever its state; None for no such link."""
+    """The invitation a link's secret belongs to, whatever its state, also by a link that sending it
+    again replaced (then its `by_replaced_link` is true); None for no such link."""
     if not secret or len(secret) > 100:
         return None
     rows = Invitation.objects.select_related("workspace", "instance", "invited_by")
-    return rows.filter(digest=digest(secret)).first()
+    hashed = digest(secret)
+    found = rows.filter(digest=hashed).first()
+    if found is None:
+        found = rows.filter(replaced_links__digest=hashed).first()
+        if found is not None:
+            found.by_replaced_link = True
+    return found
 
 
 def same_address(a: str, b: str) -> bool:
@@ -202,6 +210,7 @@ def do_resend(invitation: Invitation, *, base_url: str, acting_user: Any, origin
         if invitation.state in (Invitation.State.ACCEPTED, Invitation.State.WITHDRAWN):
             raise Conflict(f"The invitation of {invitation.email} was {invitation.state}: it cannot be sent again.")
         _check_rate(invitation.workspace, acting_user)
+        ReplacedLink.objects.create(invitation=invitation, digest=invitation.digest)
         invitation.digest = digest(secret)
         invitation.expires_at = timezone.now() + timedelta(days=settings.PORTAL_INVITATION_DAYS)
         invitation.times_sent += 1
@@ -247,6 +256,11 @@ def check_usable(invitation: Invitation | None) -> Invitation:
         raise Gone("This invitation was accepted already; each link works once.")
     if invitation.state == Invitation.State.WITHDRAWN:
         raise Gone("This invitation was withdrawn. Ask whoever invited you for a new one.")
+    if invitation.by_replaced_link:
+        raise Gone(
+            "This invitation link was replaced by a newer one when the invitation was sent again: use the "
+            "link in the latest mail, or ask whoever invited you to send it again."
+        )
     if invitation.state == Invitation.State.EXPIRED:
         raise Gone("This invitation has expired. Ask whoever invited you to send it again.")
     if invitation.instance is not None and invitation.instance.state not in Instance.LIVE_STATES:
@@ -258,14 +272,13 @@ def do_accept(secret: str, user: Any, *, origin: Origin = SYSTEM) -> Invitation:
     """Accept an invitation as `user`, whose address must be the invited one."""
     with transaction.atomic():
         found = find(secret)
-        invitation = check_usable(
-            Invitation.objects.select_for_update(of=("self",))
-            .select_related("workspace", "instance")
-            .filter(pk=found.pk)
-            .first()
-            if found
-            else None
-        )
+        locked = None
+        if found is not None:
+            rows = Invitation.objects.select_for_update(of=("self",)).select_related("workspace", "instance")
+            locked = rows.filter(pk=found.pk).first()
+            if locked is not None:
+                locked.by_replaced_link = found.by_replaced_link  # a replaced link never accepts it
+        invitation = check_usable(locked)
         if not same_address(user.email, invitation.email):
             raise ActionError(
                 f"This invitation is for {invitation.email}, and you are signed in as {user.get_username()}"

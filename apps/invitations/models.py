@@ -1,7 +1,8 @@
 """Invitations by email to a workspace, with a role (apps/invitations/actions.py).
 
 The link's secret is never stored: only its SHA-256. An invitation is for one address, is good once,
-and until it expires or is withdrawn."""
+and until it expires or is withdrawn. Sent again, it gets a new link; the SHA-256 of each link it
+had before is kept (`ReplacedLink`), so that an old link is told apart from a made-up one."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ class Invitation(models.Model):
     )
     withdrawn_at = models.DateTimeField(null=True, blank=True)
 
+    # Not a column: set by apps/invitations/actions.find() when it found the invitation by one of
+    # its replaced links rather than by its current one.
+    by_replaced_link = False
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["workspace", "email"])]
@@ -64,3 +69,15 @@ class Invitation(models.Model):
         if self.expires_at <= timezone.now():
             return self.State.EXPIRED
         return self.State.PENDING
+
+
+class ReplacedLink(models.Model):
+    """A link an invitation had before it was sent again: its secret's SHA-256. It never works; it
+    is kept to say that a newer link replaced it."""
+
+    invitation = models.ForeignKey(Invitation, on_delete=models.CASCADE, related_name="replaced_links")
+    digest = models.CharField(max_length=64, unique=True)
+    replaced_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"a replaced link of {self.invitation}"

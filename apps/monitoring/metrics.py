@@ -4,6 +4,9 @@ Every figure is the database's: whichever process changed it (the web, a worker,
 loop), a scrape of any web process sees it, and a restart loses nothing. Labels are bounded:
 workspace, GPU type, cluster, kind and state, never a workload's id or name. Counters are totals
 kept by the portal (audit events, the scheduler's totals), so `rate()` and `increase()` work.
+Gauges of what the portal knows about (the queue, GPUs and their allocation) have a sample, 0
+included, for every label set it knows: each cluster and GPU type of the inventory, each workspace
+and GPU type with a quota (and each kind, for the queue), so that a graph shows 0, not "no data".
 
 See docs/operations.md for the list and how to scrape it.
 """
@@ -37,11 +40,29 @@ PREEMPTION_REASONS = {"quota": "preempted to give workspace", "priority": "preem
 NO_GPU = ""  # the gpu_type label of work that asks for no GPU
 
 
-def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[Any, ...]]) -> GaugeMetricFamily:
+def _gauge(
+    name: str, doc: str, labels: list[str], rows: Iterable[tuple[Any, ...]], known: Iterable[tuple[Any, ...]] = ()
+) -> GaugeMetricFamily:
+    """A gauge of `rows` (label values..., value), with a 0 for each label set in `known` that has none."""
+    values: dict[tuple[str, ...], float] = {}
+    for *labelled, value in rows:
+        values[tuple(str(v or "") for v in labelled)] = float(value or 0)
+    for label_set in known:
+        values.setdefault(tuple(str(v or "") for v in label_set), 0.0)
     family = GaugeMetricFamily(name, doc, labels=labels)
-    for *values, value in rows:
-        family.add_metric([str(v or "") for v in values], float(value or 0))
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
     return family
+
+
+def _inventory_types() -> set[tuple[str, str]]:
+    """Every (cluster, GPU type) of the inventory, whatever its nodes' state."""
+    return set(GPU.objects.values_list("node__pool__cluster__name", "gpu_type").distinct().order_by())
+
+
+def _quota_types() -> set[tuple[str, str]]:
+    """Every (workspace, GPU type) with a quota."""
+    return set(GPUQuota.objects.values_list("workspace__name", "gpu_type").distinct().order_by())
 
 
 class PortalCollector(Collector):
@@ -68,9 +89,13 @@ class PortalCollector(Collector):
         )
         asked: dict[tuple[str, str], Decimal] = {}
         first: dict[tuple[str, str], Any] = {}
+        counted: dict[tuple[str, str, str], int] = {}
+        known = _quota_types()
         for kind, info in sorted(KINDS.items()):
             if info.scheduling is None:
                 continue
+            for key in known:  # 0 where nothing of this kind waits
+                counted[(*key, kind)] = 0
             waiting = PodSet.objects.filter(workload__kind=kind, workload__state=info.scheduling.queued)
             with_gpus = (
                 waiting.filter(gpus__gt=0)
@@ -92,15 +117,19 @@ class PortalCollector(Collector):
             rows = [*with_gpus, *((workspace, NO_GPU, n, 0, since) for workspace, n, since in without)]
             for workspace, gpu_type, n, total, since in rows:
                 key = (workspace, gpu_type or NO_GPU)
-                length.add_metric([*key, kind], n)
+                counted[(*key, kind)] = n
                 asked[key] = asked.get(key, Decimal(0)) + Decimal(total or 0)
                 first[key] = min(first.get(key, since), since)
-        for key, total in sorted(asked.items()):
-            gpus.add_metric(list(key), float(total))
-            oldest.add_metric(list(key), max(0.0, (now - first[key]).total_seconds()))
+        for (workspace, gpu_type, kind), n in sorted(counted.items()):
+            length.add_metric([workspace, gpu_type, kind], n)
+        for key in sorted(known | set(asked)):
+            gpus.add_metric(list(key), float(asked.get(key, 0)))
+            waited = (now - first[key]).total_seconds() if key in first else 0.0
+            oldest.add_metric(list(key), max(0.0, waited))
         yield from (length, gpus, oldest)
 
     def _capacity(self) -> Iterator[Metric]:
+        inventory, quotas = _inventory_types(), _quota_types()
         yield _gauge(
             "gpuportal_gpus",
             "GPUs in the inventory, on nodes that take work.",
@@ -109,6 +138,7 @@ class PortalCollector(Collector):
             .values_list("node__pool__cluster__name", "gpu_type")
             .annotate(n=Count("pk"))
             .order_by(),
+            inventory,
         )
         yield _gauge(
             "gpuportal_gpus_allocated",
@@ -117,6 +147,7 @@ class PortalCollector(Collector):
             Allocation.objects.values_list("gpu__node__pool__cluster__name", "gpu__gpu_type")
             .annotate(n=Sum("fraction"))
             .order_by(),
+            inventory,
         )
         yield _gauge(
             "gpuportal_workspace_gpus_allocated",
@@ -125,6 +156,7 @@ class PortalCollector(Collector):
             Allocation.objects.values_list("workload__workspace__name", "gpu__gpu_type")
             .annotate(n=Sum("fraction"))
             .order_by(),
+            quotas,
         )
         yield _gauge(
             "gpuportal_workspace_quota_gpus",

@@ -100,7 +100,8 @@ def invitation(request: HttpRequest, secret: str) -> HttpResponse:
                         request, f"Instance {done.instance.name} of {workspace} is shared with you, {how}."
                     )
                     return redirect(reverse("web:instance", kwargs={"ws": workspace.name, "pk": done.instance_id}))
-                messages.success(request, f"You are now {done.get_role_display().lower()} of {workspace}.")
+                role = done.get_role_display().lower()
+                messages.success(request, f"You are now {'an' if role[0] in 'aeiou' else 'a'} {role} of {workspace}.")
                 return redirect(reverse("web:dashboard", kwargs={"ws": workspace.name}))
     context = {**_context(request, found), "errors": errors, "values": request.POST}
     status = 400 if errors else (403 if request.user.is_authenticated and not context["matches"] else 200)

@@ -53,6 +53,8 @@ class SsoStart(oidc_views.OIDCAuthenticationRequestView):
         except oidc.SsoUnavailable as error:
             logger.warning("single sign-on cannot start: %s", error)
             message = "The identity provider cannot be reached just now. Try again in a minute."
+            if isinstance(error, oidc.SsoMisconfigured):
+                message = error.explain
             return render(request, "web/login.html", {"sso_error": message, **sso_context()}, status=503)
         self.OIDC_RP_CLIENT_ID = self.get_settings("OIDC_RP_CLIENT_ID")
         return super().get(request)
@@ -88,6 +90,12 @@ class SsoCallback(oidc_views.OIDCAuthenticationCallbackView):
             return failure(request, "This sign-in link is incomplete. Start again from the sign-in page.", status=400)
         try:
             answer: HttpResponse = super().get(request)
+        except oidc.TokenRefused as error:  # what the token says, not this browser's session
+            logger.warning("a sign-in through the provider was refused: %s", error)
+            return failure(request, error.explain, status=400)
+        except oidc.SsoMisconfigured as error:
+            logger.warning("a sign-in through the provider failed: %s", error)
+            return failure(request, error.explain, status=502)
         except SuspiciousOperation as error:
             logger.warning("a sign-in through the provider was refused: %s", error)
             message = (

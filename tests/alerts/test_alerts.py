@@ -13,11 +13,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from apps.alerts.actions import do_save_rule
+from apps.alerts.delivery import payload
 from apps.alerts.evaluate import evaluate
 from apps.alerts.models import Alert, AlertRule
 from apps.audit.actions import do_log_event
@@ -132,7 +135,17 @@ def test_a_rule_fires_after_for_s_once_then_resolves(
     sent = verify(headers, body)
     assert sent["status"] == "firing" and sent["labels"]["workspace"] == "team-a"
     assert sent["rule"]["name"] == "queue" and sent["threshold"] == "60.00" and sent["resolved_at"] is None
-    assert sent["url"].endswith(f"/api/v1/alerts/{alert.pk}/") and sent["alert"] == alert.pk
+    assert sent["alert"] == alert.pk and sent["api_url"].endswith(f"/api/v1/alerts/{alert.pk}/")
+    # The rule names no GPU type: the label is left out, not sent empty.
+    assert sent["labels"] == {"workspace": "team-a"} and Alert.objects.get().labels == {"workspace": "team-a"}
+    # A person is sent to the workspace's alerts page, where the alert is listed; never to the JSON.
+    page = urlsplit(sent["url"])
+    assert page.path == "/w/team-a/alerts/" and sent["url"] in body_of(mail).splitlines()
+    assert "/api/" not in body_of(mail)
+    bob = Client()
+    bob.force_login(world.bob)
+    listed = bob.get(page.path)
+    assert listed.status_code == 200 and "queue" in listed.content.decode()
 
     evaluate(now=at(200))
     evaluate(now=at(400))  # still firing: nothing more
@@ -414,3 +427,17 @@ def test_gpus_held_idle_fire_where_measured_and_never_for_want_of_figures(world:
     evaluate()
     alert.refresh_from_db()
     assert alert.state == Alert.State.RESOLVED
+
+
+def test_an_empty_label_stored_before_is_left_out_of_the_webhook(world: World) -> None:
+    """An alert evaluated before labels that do not apply were left out may hold one empty."""
+    rule = do_save_rule(None, name="queue", kind="queue_wait", workspace=world.team_a, threshold=Decimal(60),
+                        acting_user=world.alice)  # fmt: skip
+    now = timezone.now()
+    alert = Alert.objects.create(rule=rule, key="workspace=team-a", workspace=world.team_a,
+                                 labels={"workspace": "team-a", "gpu_type": ""}, pending_since=now,
+                                 last_seen_at=now)  # fmt: skip
+    sent = payload(alert, "firing")
+    assert sent["labels"] == {"workspace": "team-a"}
+    assert urlsplit(sent["url"]).path == "/w/team-a/alerts/"
+    assert urlsplit(sent["api_url"]).path == f"/api/v1/alerts/{alert.pk}/"

@@ -104,6 +104,9 @@ def test_an_idle_notebook_is_warned_then_stopped_a_busy_one_is_not_and_it_starts
     assert mail["To"] == "alice@example.org"
     assert re.fullmatch(r"Notebook lab will be stopped in \d+ s: it is idle", mail["Subject"]), mail["Subject"]
     assert f"/w/team-a/notebooks/{notebook.pk}/" in body_of(mail)
+    said = " ".join(body_of(mail).split())
+    assert "GPUs back" in said and "giving its GPUs back" not in said  # a notebook holds none of its own
+    assert f"Stopping it gives no GPUs back: they stay with its instance {notebook.instance.name} until" in said
     assert Notebook.objects.get(pk=notebook.pk).state == Notebook.State.READY
     while Notebook.objects.get(pk=notebook.pk).state == Notebook.State.READY:
         assert time.monotonic() < deadline, "not stopped"
@@ -281,6 +284,7 @@ def test_an_instance_is_culled_when_idle_only_where_its_gpus_are_measured(
     [mail] = mailbox.wait_for(1)
     assert mail["Subject"] == "Instance measured will be deleted in 30 s: it is idle"
     assert "its GPUs have done no work" in body_of(mail)
+    assert "deleted in 30 s, giving its GPUs back." in " ".join(body_of(mail).split())  # an instance does
     assert Instance.objects.get(pk=measured.pk).state == Instance.State.RUNNING
     assert cull(now + timedelta(seconds=10))["idle_culled"] == 0  # the warning's time first
     assert cull(now + timedelta(seconds=31))["idle_culled"] == 1

@@ -16,6 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
+from apps.invitations.actions import Gone, do_accept
 from apps.invitations.models import Invitation
 from apps.workspaces.models import Membership, Role
 from tests.mail import Mailbox, body_of, smtp_server
@@ -74,7 +75,9 @@ def test_an_invitation_mails_a_link_that_makes_an_account_and_gives_the_role(wor
     dana = get_user_model().objects.get(username="dana")
     assert dana.email == "Dana@example.org" and dana.check_password(PASSWORD)  # the domain normalised
     assert Membership.objects.get(workspace=world.team_a, user=dana).role == Role.MEMBER
-    assert stranger.get("/w/team-a/").status_code == 200  # signed in, and a member
+    welcome = stranger.get("/w/team-a/")
+    assert welcome.status_code == 200  # signed in, and a member
+    assert "You are now a member of team-a." in welcome.content.decode()
     invitation.refresh_from_db()
     assert invitation.state == "accepted" and invitation.accepted_by == dana
     actions = set(AuditEvent.objects.filter(workspace=world.team_a).values_list("action", flat=True))
@@ -94,7 +97,9 @@ def test_an_existing_account_with_the_address_signs_in_and_accepts_without_losin
 
     charlie = signed_in(world.charlie)
     assert "Accept as charlie" in charlie.get(link).content.decode()
-    assert charlie.post(link, {"action": "accept"}).status_code == 302
+    accepted = charlie.post(link, {"action": "accept"}, follow=True)
+    assert accepted.redirect_chain[0][1] == 302
+    assert "You are now an owner of team-a." in accepted.content.decode()
     assert Membership.objects.get(workspace=world.team_a, user=world.charlie).role == Role.OWNER
 
     invite(world, "bob@example.org", "viewer")  # bob is a member through team-a's group, with no role of his own
@@ -127,8 +132,24 @@ def test_expired_withdrawn_resent_and_made_up_links_stop_working(world: World, m
     assert "was sent again, with a new link" in resent.content.decode()
     second = link_in(mailbox, 2)
     assert second != first
-    assert Client().get(first).status_code == 404  # the old link is no longer any invitation's
+    old = Client().get(first)  # it no longer works, and says why
+    assert old.status_code == 410 and "replaced by a newer one" in old.content.decode()
+    assert "copied whole" not in old.content.decode()
     assert Client().get(second).status_code == 200
+    alice.post("/w/team-a/members/", {"action": "resend", "invitation": invitation.pk})
+    third = link_in(mailbox, 3)
+    for replaced in (first, second):  # every earlier link, not only the last one
+        made = Client().post(
+            replaced, {"action": "create", "username": "erin", "password": PASSWORD, "password2": PASSWORD}
+        )
+        assert made.status_code == 410 and "replaced by a newer one" in made.content.decode()
+        assert not get_user_model().objects.filter(username="erin").exists()
+    erin = get_user_model().objects.create_user("erin", "erin@example.org", PASSWORD)
+    with pytest.raises(Gone, match="replaced by a newer one"):  # not even for the invited address
+        do_accept(first.split("/")[-2], erin)
+    assert Invitation.objects.get(pk=invitation.pk).state == "pending"
+    erin.delete()
+    second = third
 
     Invitation.objects.filter(pk=invitation.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     expired = Client().get(second)

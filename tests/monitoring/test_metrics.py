@@ -10,9 +10,12 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.jobs.actions import check_submit_job, do_preempt_job
+from apps.inventory.models import GPU, Node
+from apps.jobs.actions import check_submit_job, do_cancel_job, do_preempt_job
 from apps.jobs.models import Job
 from apps.monitoring.cycles import timed_cycle
+from apps.workloads.kinds import KINDS
+from apps.workspaces.models import GPUQuota
 from tests.personas import World
 
 TOKEN = "a-scrapers-token-of-some-length"
@@ -110,3 +113,43 @@ def test_no_label_names_a_single_workload(world: World) -> None:
     labels = {name for family in text_string_to_metric_families(response) for s in family.samples for name in s.labels}
     assert labels <= {"workspace", "gpu_type", "kind", "state", "cluster", "reason", "le"}, labels
     assert "job-3" not in response
+
+
+def test_gauges_of_known_label_sets_are_zero_rather_than_missing(
+    world: World, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A graph of what is allocated or waiting shows 0, not "no data": every cluster and GPU type of
+    the inventory, every workspace and GPU type with a quota, and every kind the queue has."""
+    scheduled = sorted(name for name, info in KINDS.items() if info.scheduling is not None)
+    quotas = set(GPUQuota.objects.values_list("workspace__name", "gpu_type"))
+    inventory = set(GPU.objects.values_list("node__pool__cluster__name", "gpu_type"))
+    assert quotas and inventory and "job" in scheduled
+
+    def all_zero(samples: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> None:
+        for workspace, gpu_type in quotas:
+            key = (("gpu_type", gpu_type), ("workspace", workspace))
+            assert samples["gpuportal_workspace_gpus_allocated"][key] == 0, key
+            assert samples["gpuportal_queue_gpus"][key] == 0, key
+            assert samples["gpuportal_queue_oldest_wait_seconds"][key] == 0, key
+            for kind in scheduled:
+                assert samples["gpuportal_queue_workloads"][(key[0], ("kind", kind), key[1])] == 0, (key, kind)
+        for cluster, gpu_type in inventory:
+            assert samples["gpuportal_gpus_allocated"][(("cluster", cluster), ("gpu_type", gpu_type))] == 0
+
+    all_zero(scrape())  # nothing has run yet
+
+    job = check_submit_job(
+        world.team_a, name="one", command="true", gpu_type="h100", gpus_per_replica=Decimal(2), acting_user=world.bob
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        timed_cycle()
+    held = scrape()
+    assert held["gpuportal_workspace_gpus_allocated"][(("gpu_type", "h100"), ("workspace", "team-a"))] == 2
+    assert held["gpuportal_gpus_allocated"][(("cluster", "local"), ("gpu_type", "h100"))] == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        do_cancel_job(Job.objects.get(pk=job.pk), acting_user=world.bob)
+    all_zero(scrape())  # back to 0, not gone
+
+    Node.objects.update(state=Node.State.DOWN)  # no node takes work: no GPUs, still a sample
+    for cluster, gpu_type in inventory:
+        assert scrape()["gpuportal_gpus"][(("cluster", cluster), ("gpu_type", gpu_type))] == 0
