@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, Throttled
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,6 +21,7 @@ from apps.api.strict import StrictModelSerializer, StrictSerializer
 from apps.api.views import IsPlatformAdmin, PortalViewSet
 from apps.audit.actions import Origin, do_log_event
 from apps.audit.events import Event
+from apps.errors import TooMany
 from apps.workspaces.access import restrict
 from apps.workspaces.actions import ensure_private_workspace
 from apps.workspaces.models import Workspace
@@ -154,7 +155,7 @@ class TokenView(APIView):
         username = throttle.sign_in_name(data["username"])  # as the sign-in page reads it
         wait = throttle.retry_after(username, request._request)
         if wait:
-            raise Throttled(wait, throttle.message(wait))
+            raise TooMany(throttle.message(wait), retry_after=wait)  # one sentence, and Retry-After
         user = authenticate(request._request, username=username, password=data["password"])
         if user is None:
             sso = " This portal signs in through single sign-on: run `gpuportal login --browser`."
@@ -317,7 +318,9 @@ class DeviceLoginView(APIView):
         waiting = DeviceLogin.objects.filter(address=address, expires_at__gt=timezone.now(), decided_at__isnull=True)
         # Counted per client, as failed sign-ins are: never on a proxy's own, shared address.
         if addresses.distinct_client_address(request._request) and waiting.count() >= self.PER_ADDRESS:
-            raise Throttled(device_login.TTL_S, "Too many sign-ins waiting from this address; try again later.")
+            raise TooMany(
+                "Too many sign-ins waiting from this address; try again later.", retry_after=device_login.TTL_S
+            )
         device_code, row = device_login.start(body.validated_data.get("name") or "gpuportal login", address=address)
         page = request.build_absolute_uri(reverse("web:cli-login"))
         answer = {
