@@ -47,14 +47,18 @@ class ComputeProfileSerializer(ProfileSerializer):
 
 
 class NotebookProfileSerializer(ProfileSerializer):
-    # An image reference has no white space: one of spaces alone is refused as what it is, not trimmed
-    # to a blank.
+    # An image reference's characters (registry/name:tag@digest), spelled out rather than "no white
+    # space" so that the schema's pattern means the same in every regular expression dialect; one of
+    # spaces alone is refused as what it is, not trimmed to a blank.
     image = serializers.RegexField(
-        r"^[^\s\x00]+$",
+        r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",
         max_length=300,
         trim_whitespace=False,
         help_text="Container image for the Kubernetes backend (registry/name:tag).",
-        error_messages={"invalid": "An image reference has no spaces, such as quay.io/jupyter/minimal-notebook."},
+        error_messages={
+            "invalid": "An image reference is letters, digits and . _ / : @ + - with no spaces, "
+            "such as quay.io/jupyter/minimal-notebook."
+        },
     )
     python_packages = serializers.ListField(child=serializers.CharField(max_length=200), max_length=200, required=False)
 
