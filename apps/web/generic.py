@@ -320,6 +320,10 @@ def detail_context(
     """What the detail page (or, with ``?part=status``, its live part alone) renders."""
     fragment = is_fragment(request)
     context: dict[str, Any] = {"workspace": workspace, "obj": obj, "detail": detail, "fragment": fragment, **extra}
+    # The state the page was rendered in (its live part's ``shown``): once the object has left it, what
+    # the page's flash messages announced ("Notebook lab is starting.") has passed, and they go.
+    shown = request.GET.get("shown", "")
+    context["state_passed"] = fragment and bool(shown) and shown != getattr(obj, "state", shown)
     context["csrf_token"] = get_token(request)  # for a form in a snippet (a panel's button)
     context["actions"] = allowed_actions(request, workspace, obj, detail, context)
     live: list[ShownPanel] = []

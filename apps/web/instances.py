@@ -43,6 +43,7 @@ from apps.web.common import (
     workspace_for,
 )
 from apps.web.telemetry import gpu_panel
+from apps.web.templatetags.portal import size
 from apps.workspaces.access import CHANGE, USE, may
 from apps.workspaces.models import Workspace
 
@@ -74,7 +75,7 @@ LISTING = generic.Listing(
         generic.Column(
             "Size",
             "{{ obj.profile.display_name|default:obj.profile.name }}"
-            '<div class="muted small">{{ obj.profile.size_label }}</div>',
+            '<div class="muted small">{{ obj.profile|size }}</div>',
         ),
         generic.Column(
             "Status",
@@ -186,7 +187,7 @@ STATUS = generic.Panel(
     live=True,
     shows_state=True,
     facts=(
-        generic.Fact("Size", "{{ obj.profile.display_name|default:obj.profile.name }} · {{ obj.profile.size_label }}"),
+        generic.Fact("Size", "{{ obj.profile.display_name|default:obj.profile.name }} · {{ obj.profile|size }}"),
         generic.Fact("Launched", '<time datetime="{{ obj.launched_at|date:\'c\' }}">'
                      '{{ obj.launched_at|date:"j M Y, H:i" }}</time>'
                      "{% if obj.created_by %} by {{ obj.created_by.get_username }}{% endif %}"),
@@ -360,7 +361,7 @@ def instance_delete(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
         "Deleting <strong>{}</strong> releases its GPUs ({}) at once{}. It is irreversible: the instance cannot be "
         "started again.",
         instance.name,
-        instance.profile.size_label,
+        size(instance.profile),
         stops,
     )
     return generic.confirm_page(

@@ -10,7 +10,6 @@ from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
-from django.views.decorators.http import require_POST
 
 from apps.errors import ActionError
 from apps.inventory.models import GPU
@@ -99,7 +98,8 @@ LISTING = generic.Listing(
         ),
         generic.Column(
             "GPUs",
-            "{% if obj.gpus_per_replica %}{{ obj.replicas }} × {{ obj.gpus_per_replica|gpus }} {{ obj.gpu_type }}"
+            "{% if obj.gpus_per_replica %}{{ obj.gpus_per_replica|gpus_of:obj.gpu_type }}{% if obj.replicas > 1 %} "
+            '<span class="muted small">on each of {{ obj.replicas }} replicas</span>{% endif %}'
             '{% else %}<span class="muted">none</span>{% endif %}',
         ),
         generic.Column(
@@ -243,7 +243,7 @@ SPEC = generic.Panel(
         generic.Fact("Command", "{% if obj.command %}<code>{{ obj.command }}</code>{% endif %}"),
         generic.Fact("Image", "{% if obj.image %}<code>{{ obj.image }}</code>{% endif %}"),
         generic.Fact("Resources", "{{ obj.replicas }} replica{{ obj.replicas|pluralize }} × "
-                     "{% if obj.gpus_per_replica %}{{ obj.gpus_per_replica|gpus }} {{ obj.gpu_type }}, {% endif %}"
+                     "{% if obj.gpus_per_replica %}{{ obj.gpus_per_replica|gpus_of:obj.gpu_type }}, {% endif %}"
                      "{{ obj.cpu_cores }} CPU, {{ obj.memory_gb }} GB"),
         generic.Fact("Priority", "{{ obj.priority }}{% if obj.preemptible %} · preemptible{% endif %}"),
         generic.Fact("Max runtime", "{% if obj.max_runtime_s %}{{ obj.max_runtime_s|duration }}{% endif %}"),
@@ -266,8 +266,8 @@ DETAIL = generic.Detail(
         generic.Panel(title="Log", template="web/generic/_log.html", wide=True),
     ),
     actions=(
-        generic.Action("Cancel job", url=generic.object_url("web:job-cancel"), role=CHANGE, style="danger",
-                       method="post", when=lambda job: not job.is_final),
+        generic.Action("Cancel job…", url=generic.object_url("web:job-cancel"), role=CHANGE, style="danger",
+                       when=lambda job: not job.is_final),
     ),
 )  # fmt: skip
 
@@ -296,14 +296,32 @@ def job_detail(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
 
 
 @signed_in
-@require_POST
 def job_cancel(request: HttpRequest, ws: str, pk: int) -> HttpResponse:
+    """GET asks for confirmation (a cancelled job cannot be resumed); POST cancels."""
     workspace = workspace_for(request, ws, CHANGE)
     job = get_for(request, Job.objects.all(), pk=pk, workspace=workspace)
-    try:
-        actions.do_cancel_job(job, **action_kwargs(request))
-    except ActionError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Job {job.name} was cancelled.")
-    return redirect("web:job", ws=workspace.name, pk=job.pk)
+    if request.method == "POST":
+        try:
+            actions.do_cancel_job(job, **action_kwargs(request))
+        except ActionError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, f"Job {job.name} was cancelled.")
+        return redirect("web:job", ws=workspace.name, pk=job.pk)
+    if job.is_final:
+        return redirect("web:job", ws=workspace.name, pk=job.pk)
+    running = job.state == Job.State.RUNNING
+    return generic.confirm_page(
+        request,
+        workspace,
+        job,
+        DETAIL,
+        question=f"Cancel job {job.name}?",
+        text=(
+            "Its replicas are stopped now and the work they have not saved is lost; "
+            if running
+            else "It leaves the queue; "
+        )
+        + "submitting it again puts it at the end of the queue.",
+        button="Cancel job",
+    )

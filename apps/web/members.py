@@ -99,6 +99,13 @@ def _pending(workspace: Workspace) -> list[Invitation]:
     return list(rows.select_related("invited_by").order_by("-created_at")[:200])
 
 
+def _kept_owners(workspace: Workspace, rows: list[Membership]) -> set[int]:
+    """The memberships the page offers no Remove for: the owners that removing is refused
+    (apps/workspaces/actions.py, do_remove_membership): a private workspace's, and a lone owner."""
+    owners = [m.pk for m in rows if m.role == Role.OWNER]
+    return set(owners) if workspace.kind == Workspace.Kind.PRIVATE or len(owners) == 1 else set()
+
+
 @signed_in
 def members(request: HttpRequest, ws: str) -> HttpResponse:
     errors: Errors = {}
@@ -110,10 +117,11 @@ def members(request: HttpRequest, ws: str) -> HttpResponse:
             return redirect("web:members", ws=workspace.name)
     else:
         workspace = workspace_for(request, ws)
-    rows = Membership.objects.filter(workspace=workspace).select_related("user").order_by("user__username")
+    rows = list(Membership.objects.filter(workspace=workspace).select_related("user").order_by("user__username"))
     context = {
         "workspace": workspace,
         "rows": rows,
+        "kept": _kept_owners(workspace, rows),
         "roles": Role.choices,
         "may_manage": can(request.user, workspace, MANAGE),
         "invitations": _pending(workspace) if can(request.user, workspace, MANAGE) else [],

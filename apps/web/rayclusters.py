@@ -183,7 +183,7 @@ LISTING = generic.Listing(
             "Size",
             '<span class="nowrap">head + {{ obj.workers }} worker{{ obj.workers|pluralize }}</span>'
             '<div class="muted small">'
-            "{% if obj.total_gpus %}{{ obj.total_gpus|gpus }} {{ obj.gpu_type }} GPU{{ obj.total_gpus|pluralize }}"
+            "{% if obj.total_gpus %}{{ obj.total_gpus|gpus_of:obj.gpu_type }}"
             "{% else %}CPU only{% endif %}</div>",
         ),
         generic.Column(

@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Case, F, IntegerField, QuerySet, Value, When
 from django.urls import NoReverseMatch, reverse
 
-from apps.web.templatetags.portal import gpus as fmt_gpus
+from apps.web.templatetags.portal import gpus_of
 from apps.workloads import listing
 from apps.workloads.kinds import KINDS, KindInfo
 from apps.workloads.models import Workload
@@ -79,11 +79,11 @@ def page_of(workload: Workload) -> str:
 
 
 def resources(workload: Workload) -> str:
-    """What its pod sets hold in all: "2 h100", "0.5 h100"; "no GPU" without any (``with_gpus``)."""
+    """What its pod sets hold in all: "2 × H100", "0.5 × H100"; "no GPU" without any (``with_gpus``)."""
     total = getattr(workload, "held_gpus", None)
     if not total:
         return "no GPU"
-    return f"{fmt_gpus(total)} {getattr(workload, 'held_gpu_type', '')}".strip()
+    return gpus_of(total, getattr(workload, "held_gpu_type", ""))
 
 
 def work_rows(queryset: QuerySet[Workload], limit: int) -> list[WorkRow]:

@@ -220,8 +220,8 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const names = (document.body.dataset.liveWorkspaces || "").split(",").filter(Boolean);
+    // A page that shows no workspace's work has no live indicator (templates/web/base.html).
     if (document.body.classList.contains("console")) connect("", 0);
-    else if (names.length === 0) setStatus("off", "Not live", "This page shows no workspace's work");
     names.forEach((name) => connect(name, 0));
     document.querySelectorAll("select[data-autosubmit]").forEach((select) => {
       select.addEventListener("change", () => select.form.requestSubmit());

@@ -216,7 +216,7 @@ def a_change_heard_during_a_refresh_is_shown(page: Page, job: Job) -> None:
 
     badge = page.locator("#job-state [data-state]")
     expect(badge).to_have_text("Succeeded")
-    page.route(f"**/jobs/{job.pk}/?part=status", hold_the_first)
+    page.route(f"**/jobs/{job.pk}/?part=status&shown=*", hold_the_first)
     Job.objects.filter(pk=job.pk).update(state=Job.State.FAILED)
     page.evaluate(f"document.body.dispatchEvent(new CustomEvent('live-job-{job.pk}', {{bubbles: true}}))")
     page.wait_for_timeout(1000)  # past the part's 150 ms delay: its refresh is out, and held
@@ -227,4 +227,4 @@ def a_change_heard_during_a_refresh_is_shown(page: Page, job: Job) -> None:
     page.wait_for_timeout(1000)  # the second refresh waits, queued behind the first
     held[0].fulfill(response=stale)
     expect(badge).to_have_text("Cancelled", timeout=10_000)
-    page.unroute(f"**/jobs/{job.pk}/?part=status")
+    page.unroute(f"**/jobs/{job.pk}/?part=status&shown=*")

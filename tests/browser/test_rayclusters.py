@@ -89,10 +89,14 @@ def watch(page: Page, problems: list[str]) -> None:
     page.on("pageerror", lambda error: problems.append(str(error)))
 
 
-def at_both_widths(page: Page, name: str) -> None:
+def at_both_widths(page: Page, name: str, *, live: bool = True) -> None:
     """The page, once live, styled and fitting at 1280 px and at 390 px (tables stacked there), kept
-    as two full-page pictures under SCREENSHOTS."""
-    expect(page.locator("#live-status")).to_have_text("Live", timeout=LIVE_S)
+    as two full-page pictures under SCREENSHOTS. A page that is not `live` (it shows no workspace's
+    work) has no live indicator at all."""
+    if live:
+        expect(page.locator("#live-status")).to_have_text("Live", timeout=LIVE_S)
+    else:
+        expect(page.locator("#live-status")).to_have_count(0)
     for width, size in WIDTHS.items():
         page.set_viewport_size(size)
         page.wait_for_timeout(500)

@@ -53,16 +53,30 @@ def test_a_jobs_page_from_the_queue_to_its_artifact(page: Page, portal: Portal, 
     expect(page.get_by_role("heading", level=1)).to_have_text("train")
     expect(page.locator("#job-state [data-state]")).to_have_text("Queued")
     expect(page.locator("#job-reason")).to_contain_text("quota", timeout=LIVE_S)
-    expect(page.get_by_role("button", name="Cancel job")).to_be_visible()
+    expect(page.get_by_role("link", name="Cancel job…")).to_be_visible()  # to a question first
     expect(page.locator("#job-log")).to_have_text("The log starts when the job does.")
     expect(page.get_by_label("Replica")).to_have_count(1)  # a gang of two: the log of either
     expect(page.locator("#job-what-it-runs")).to_contain_text("EPOCHS=3")
     at_both_widths(page, "pages-job-queued")
+    # Cancelling asks first; keeping it changes nothing.
+    page.get_by_role("link", name="Cancel job…").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Cancel job train?")
+    at_both_widths(page, "pages-job-cancel")
+    page.get_by_role("link", name="Keep it").click()
+    expect(page.locator("#job-state [data-state]")).to_have_text("Queued")
+
+    # The pages around the work: the API tokens (nothing live: no live indicator) and the members.
+    page.goto(f"{portal.url}/tokens/")
+    at_both_widths(page, "pages-tokens", live=False)
+    page.goto(f"{portal.url}/w/team-a/members/")
+    expect(page.locator('[data-member="alice"]')).to_contain_text("The last owner stays")
+    at_both_widths(page, "pages-members")
+    page.goto(f"{portal.url}/w/team-a/jobs/{job.pk}/")
 
     page.evaluate("window.__not_reloaded = true")
     off_the_loop(do_cancel_job, bobs, acting_user=world.bob)  # bob gives his GPUs back
     expect(page.locator("#job-state [data-state]")).to_have_text("Succeeded", timeout=LIVE_S)
-    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)  # the live update took it away
+    expect(page.get_by_role("link", name="Cancel job…")).to_have_count(0)  # the live update took it away
     expect(page.locator("#job-progress")).to_contain_text("100")
     expect(page.get_by_role("link", name="model.txt")).to_be_visible(timeout=LIVE_S)
     expect(page.locator("#job-log")).to_contain_text("done", timeout=LIVE_S)
@@ -75,6 +89,13 @@ def test_a_jobs_page_from_the_queue_to_its_artifact(page: Page, portal: Portal, 
     expect(page.locator('[data-job="holder"]')).to_contain_text("Cancelled")
     at_both_widths(page, "pages-jobs")
     assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
+
+    # The month's GPU-hours: each figure's header stands over it, on the right.
+    page.goto(f"{portal.url}/w/team-a/usage/report/")
+    expect(page.locator('tr[data-row="total"]')).to_be_visible()
+    for header in page.locator("table.list th.num").all():
+        assert header.evaluate("th => getComputedStyle(th).textAlign") == "right", header.text_content()
+    at_both_widths(page, "pages-usage")
     assert not problems, json.dumps(problems, indent=1)
 
 
@@ -128,6 +149,13 @@ def test_an_instance_its_notebooks_and_their_confirmations(page: Page, portal: P
     at_both_widths(page, "pages-notebook-stopped")
     copy = page.get_by_role("button", name="Copy").bounding_box()
     assert copy is not None and copy["height"] < 2 * copy["width"], copy  # one line, not a letter a line
+    # Started again: the message says so while it is starting, and goes once it no longer is.
+    page.get_by_role("button", name="Start again").click()
+    expect(page.locator("#flash")).to_contain_text("Notebook lab is starting again.")
+    rendered = (page.locator("#notebook-live").get_attribute("hx-get") or "").split("shown=")[1]
+    expect(page.locator(f'#notebook-status [data-state="{rendered}"]')).to_have_count(0, timeout=LIVE_S)
+    expect(page.locator("#flash p")).to_have_count(0)
+    at_both_widths(page, "pages-notebook-started")
 
     # Deleting asks first, and says what it does.
     page.goto(f"{portal.url}/w/team-a/notebooks/")

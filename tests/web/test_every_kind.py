@@ -63,7 +63,7 @@ def test_the_overview_shows_ray_clusters_running_and_queued_beside_the_other_kin
     assert '<b data-count="queued">2</b>' in page  # the cluster and the instance
     clusters = _section(page, "raycluster-title")
     assert f'<a href="/w/team-a/ray-clusters/{running.pk}/">serve</a>' in clusters
-    assert "2 h100" in clusters and 'data-state="RUNNING">Running' in clusters
+    assert "2 × H100" in clusters and 'data-state="RUNNING">Running' in clusters
     queue = _section(page, "queued-title")
     row = re.search(rf'<tr data-kind="raycluster">\s*<td[^>]*><a href="/w/team-a/ray-clusters/{waiting.pk}/">tune</a>'
                     r"</td>\s*<td[^>]*>Ray cluster</td>.*?</tr>", queue, re.S)  # fmt: skip
@@ -95,7 +95,7 @@ def test_the_dashboard_lists_my_ray_clusters_in_my_queue_and_my_running_work(
     assert "bobs-tune" not in mine  # bob's: in the workspace, not mine
     work = _section(page, "progress-title")
     assert f'<a href="/w/team-a/ray-clusters/{running.pk}/">serve</a>' in work
-    assert 'data-state="DEGRADED">Degraded' in work and "Ray cluster · 2 h100" in work
+    assert 'data-state="DEGRADED">Degraded' in work and "Ray cluster · 2 × H100" in work
     # The workspace's counts: alice's degraded cluster runs (bob's job is admitted, not started); two
     # clusters wait.
     assert "<b>1</b><span>running in the workspace</span>" in page
@@ -127,7 +127,7 @@ def test_the_consoles_queue_shows_ray_clusters_waiting_and_admitted_with_their_k
     assert f'starts <span class="muted small">#{admitted.pk}</span>' in starting
     assert "admitted, starting" in starting and '<td data-label="Estimated start">now</td>' in starting
     assert f'tune <span class="muted small">#{waiting.pk}</span>' in queued
-    assert '<td data-label="Kind">Ray cluster</td>' in queued and '<td data-label="GPUs">2 h100</td>' in queued
+    assert '<td data-label="Kind">Ray cluster</td>' in queued and '<td data-label="GPUs">2 × H100</td>' in queued
     assert waiting.wait_reason in queued.replace("&#x27;", "'")
     assert f'<td data-label="Position" class="num">{waiting.cluster_queue_position}</td>' in queued
     assert '<td data-label="Estimated start">' in queued

@@ -89,12 +89,20 @@ def test_a_job_is_cancelled_from_its_page(world: World, signed_in: SignedIn) -> 
     alice = signed_in(world.alice)
     page = alice.get(f"/w/team-a/jobs/{job.pk}/").content.decode()
     assert "Cancel job" in page and f'data-log-url="/api/v1/jobs/{job.pk}/logs/"' in page
-    assert alice.get(f"/w/team-a/jobs/{job.pk}/cancel/").status_code == 405
+    # The button is a link to a question, as deleting a notebook is: one click cancels nothing.
+    assert f'<a class="btn btn-danger" href="/w/team-a/jobs/{job.pk}/cancel/">Cancel job…</a>' in page
+    assert f'action="/w/team-a/jobs/{job.pk}/cancel/"' not in page
+    question = alice.get(f"/w/team-a/jobs/{job.pk}/cancel/")
+    assert question.status_code == 200
+    assert "Cancel job big?" in question.content.decode() and 'role="alertdialog"' in question.content.decode()
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED  # asking changed nothing
     alice.post(f"/w/team-a/jobs/{job.pk}/cancel/")
     job.refresh_from_db()
     assert job.state == Job.State.CANCELLED
     again = alice.post(f"/w/team-a/jobs/{job.pk}/cancel/", follow=True).content.decode()
     assert "Job big has already finished (cancelled)." in again
+    assert alice.get(f"/w/team-a/jobs/{job.pk}/cancel/")["Location"] == f"/w/team-a/jobs/{job.pk}/"
 
 
 def test_a_live_update_takes_the_cancel_button_away_once_the_job_ended(world: World, signed_in: SignedIn) -> None:

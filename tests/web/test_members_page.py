@@ -101,3 +101,18 @@ def test_changes_need_the_csrf_token(world: World) -> None:
     client.force_login(world.alice)
     assert client.post(URL, {"action": "add", "username": "charlie", "role": "member"}).status_code == 403
     assert not Membership.objects.filter(workspace=world.team_a, user=world.charlie).exists()
+
+
+def test_the_only_owner_is_not_offered_a_remove_button(world: World, signed_in: SignedIn) -> None:
+    """Removing the last owner is refused: the page does not offer it, and offers it again once
+    another owner shares the workspace."""
+    alice = signed_in(world.alice)
+    remove_alice = '<button class="btn btn-small" type="submit">Remove<span class="visually-hidden"> alice</span>'
+    alone = alice.get(URL).content.decode()
+    row = alone.split('data-member="alice"')[1].split("</tr>")[0]
+    assert remove_alice not in alone and "The last owner stays" in row
+    assert '<span class="visually-hidden"> victor</span></button>' in alone  # a viewer may still be removed
+    victor = Membership.objects.get(user=world.victor, workspace=world.team_a)
+    alice.post(URL, {"action": "role", "membership": victor.pk, "role": "owner"})
+    two = alice.get(URL).content.decode()
+    assert remove_alice in two and "The last owner stays" not in two

@@ -99,3 +99,24 @@ def test_deleting_asks_first_and_sends_a_collaborator_back_to_the_instance(world
     assert wendy.post(url)["Location"] == f"/w/team-a/instances/{shared.instance.pk}/"
     again = signed_in(world.alice).post(url)
     assert again.status_code == 409 and "Notebook shared-nb is already stopped." in again.content.decode()
+
+
+def test_the_starting_message_goes_once_the_notebook_is_no_longer_starting(world: World, signed_in: SignedIn) -> None:
+    """The page updates itself: a flash that announced a state ("is starting") is emptied by the first
+    live update that renders another state, and kept by those that render the same one."""
+    box = check_launch_instance(world.team_a, name="box", profile=world.cpu_small, acting_user=world.alice)
+    alice = signed_in(world.alice)
+    response = alice.post("/w/team-a/notebooks/new/", {"name": "lab", "profile": "minimal", "instance": box.pk},
+                          follow=True)  # fmt: skip
+    page = response.content.decode()
+    lab = Notebook.objects.get(name="lab")
+    assert "Notebook lab is starting." in page
+    assert f'hx-get="/w/team-a/notebooks/{lab.pk}/?part=status&amp;shown={lab.state}"' in page
+    url = f"/w/team-a/notebooks/{lab.pk}/?part=status&shown={lab.state}"
+    still = alice.get(url, headers=LIVE).content.decode()
+    assert 'id="flash"' not in still  # the state it announced holds: the message stays
+    Notebook.objects.filter(pk=lab.pk).update(state=Notebook.State.READY)
+    ready = alice.get(url, headers=LIVE).content.decode()
+    assert '<div class="flash" id="flash" role="status" hx-swap-oob="true"></div>' in ready
+    seen_ready = alice.get(url.replace(f"shown={lab.state}", "shown=READY"), headers=LIVE).content.decode()
+    assert 'id="flash"' not in seen_ready  # a page rendered once it was ready keeps its messages

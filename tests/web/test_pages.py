@@ -92,7 +92,7 @@ def test_the_wizard_launches_in_three_steps_through_the_action(world: World, sig
     assert 'data-profile="gpu-1"' in second and 'data-profile="cpu-small"' in second
     assert "1 × H100" in second and "8 CPU" in second and "64 GB memory" in second
     third = wizard(alice, 2, 3, name="dev-box", description="for tests", profile="gpu-1").content.decode()
-    assert 'aria-current="step">Launch' in third and "One H100" not in third and "1 x h100, 8 CPU, 64 GB" in third
+    assert 'aria-current="step">Launch' in third and "One H100" not in third and "1 × H100, 8 CPU, 64 GB" in third
     done = wizard(alice, 3, 4, name="dev-box", description="for tests", profile="gpu-1")
     instance = Instance.objects.get(name="dev-box")
     assert done["Location"] == f"/w/team-a/instances/{instance.pk}/"
@@ -153,7 +153,7 @@ def test_the_instance_page_shows_its_metadata_and_deletes_after_confirming(world
     instance = check_launch_instance(world.team_a, name="box", profile=world.gpu_1, acting_user=world.alice)
     alice = signed_in(world.alice)
     page = alice.get(f"/w/team-a/instances/{instance.pk}/").content.decode()
-    assert "1 x h100, 8 CPU, 64 GB" in page and "Running for" in page and "by alice" in page
+    assert "1 × H100, 8 CPU, 64 GB" in page and "Running for" in page and "by alice" in page
     assert "Download kubeconfig" not in page  # the local backend has none
     confirm = alice.get(f"/w/team-a/instances/{instance.pk}/delete/").content.decode()
     assert "This cannot be undone" in confirm and "irreversible" in confirm

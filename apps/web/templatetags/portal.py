@@ -34,6 +34,19 @@ def gpus(value: Decimal | float | int | None) -> str:
 
 
 @register.filter
+def gpus_of(count: Decimal | float | int | None, gpu_type: str | None) -> str:
+    """How many GPUs of which type, the one way pages say it: (1, "h100") -> "1 × H100"."""
+    return f"{gpus(count)} × {(gpu_type or 'GPU').upper()}"
+
+
+@register.filter
+def size(profile: Any) -> str:
+    """A compute profile's size: "1 × H100, 8 CPU, 64 GB" ("2 CPU, 8 GB" without GPUs)."""
+    held = f"{gpus_of(profile.gpu_count, profile.gpu_type)}, " if profile.gpu_count else ""
+    return f"{held}{profile.cpu_cores} CPU, {profile.memory_gb} GB"
+
+
+@register.filter
 def duration(value: timedelta | float | int | None) -> str:
     """A short human duration: "3 h 12 min", "45 s"."""
     if value is None:

@@ -20,6 +20,19 @@ COMPUTE_PROFILES = [
     ("gpu-8", "A whole 8 x H100 node", "h100", "8", 64, 512, "dedicated"),
 ]
 
+# What the pages call each profile, as written here (a name's own words, not its slug title-cased).
+DISPLAY_NAMES = {
+    "cpu-small": "CPU small",
+    "gpu-quarter": "Quarter of an H100",
+    "gpu-1": "1 H100",
+    "gpu-4": "4 H100",
+    "gpu-8": "8 H100, a whole node",
+    "minimal": "Minimal",
+    "data-science": "Data science",
+    "spark": "Spark",
+    "tensorflow": "TensorFlow",
+}
+
 NOTEBOOK_PROFILES = [
     ("minimal", "Python and JupyterLab", "quay.io/jupyter/minimal-notebook:2025-10-20",
      ["jupyterlab==4.4.10"]),
@@ -97,7 +110,7 @@ class Command(BaseCommand):
             ComputeProfile.objects.get_or_create(
                 name=name,
                 defaults={
-                    "display_name": name.replace("-", " ").title(),
+                    "display_name": DISPLAY_NAMES[name],
                     "description": description,
                     "gpu_type": gpu_type,
                     "gpu_count": Decimal(gpus),
@@ -111,7 +124,7 @@ class Command(BaseCommand):
             NotebookProfile.objects.get_or_create(
                 name=name,
                 defaults={
-                    "display_name": name.replace("-", " ").title(),
+                    "display_name": DISPLAY_NAMES[name],
                     "description": description,
                     "image": image,
                     "python_packages": packages,
