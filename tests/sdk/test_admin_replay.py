@@ -55,7 +55,8 @@ def test_an_admin_replays_the_portal_s_history_from_the_command_line(
 
 NOT_A_TIME = "Error: --since: 'last week' is not a date or time, such as 2026-11-20 or 2026-11-20T09:00Z."
 NOT_A_SIZE = (
-    "Error: quotas.0: 'demo=lots': the quota must be +N, -N or N whole GPUs, such as team-b=+16, team-b=-4 or team-b=24."
+    "Error: quotas.0: 'demo=lots': the quota must be +N, -N or N whole GPUs, "
+    "such as team-b=+16, team-b=-4 or team-b=24."
 )
 
 
