@@ -57,7 +57,8 @@ class WhatIfReplay(models.Model):
     result = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
-    # Written with its progress while it runs: a running replay whose worker stopped is seen by it.
+    # Written with its progress while it runs (a running replay whose worker stopped is seen by it),
+    # and when a queued one is sent again (whatif.upkeep).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

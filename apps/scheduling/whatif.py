@@ -26,7 +26,7 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from apps.audit.actions import SYSTEM, Origin, do_log_event
@@ -469,15 +469,25 @@ def run_replay(pk: int) -> None:
 def upkeep() -> dict[str, int]:
     """Replays whose worker stopped mid-run (killed, its machine gone) end FAILED, saying so, rather
     than showing "running" for ever; the scheduler loop calls it. A replay that comes back to life
-    after that writes nothing more: its progress and its end are written only while RUNNING."""
-    lost = WhatIfReplay.objects.filter(
-        state=WhatIfReplay.State.RUNNING, heartbeat_at__lt=timezone.now() - LOST_AFTER
-    ).update(
+    after that writes nothing more: its progress and its end are written only while RUNNING. A replay
+    no worker took within as long (its task lost with the broker's queue) is sent again, once each
+    such period: the claim lets only one delivery run it."""
+    now = timezone.now()
+    cutoff = now - LOST_AFTER
+    lost = WhatIfReplay.objects.filter(state=WhatIfReplay.State.RUNNING, heartbeat_at__lt=cutoff).update(
         state=WhatIfReplay.State.FAILED,
         message=f"Its worker stopped: no progress for {LOST_AFTER.seconds // 60} minutes. Start it again.",
-        finished_at=timezone.now(),
+        finished_at=now,
     )
-    return {"whatif_lost": lost} if lost else {}
+    untaken = Q(state=WhatIfReplay.State.QUEUED) & (
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
+    )
+    resent = 0
+    for pk in list(WhatIfReplay.objects.filter(untaken).values_list("pk", flat=True)[:100]):
+        if WhatIfReplay.objects.filter(untaken, pk=pk).update(heartbeat_at=now):  # this loop's, once a period
+            _send(pk)
+            resent += 1
+    return {name: count for name, count in (("whatif_lost", lost), ("whatif_resent", resent)) if count}
 
 
 def _replay(run: WhatIfReplay) -> dict[str, Any]:

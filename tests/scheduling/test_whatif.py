@@ -268,3 +268,22 @@ def test_a_replay_whose_worker_stopped_ends_failed_saying_so_and_a_late_end_chan
     whatif.run_replay(late.pk)
     late.refresh_from_db()
     assert late.state == WhatIfReplay.State.FAILED and late.result is None, late.message
+
+
+def test_a_replay_no_worker_took_is_sent_again_once_a_period(world: World, settings: Any) -> None:
+    """Its task lost with the broker's queue: the scheduler loop's upkeep sends it again; one just
+    asked for is left to its worker, and one sent again is not sent at every later upkeep."""
+    contended_day(world)
+    settings.PORTAL_WORKLOAD_TRIGGER = "inline"  # "sending" runs it here, as a worker would
+    lost = WhatIfReplay.objects.create(since=T0, until=at(86400))
+    fresh = WhatIfReplay.objects.create(since=T0, until=at(86400))
+    WhatIfReplay.objects.filter(pk=lost.pk).update(created_at=timezone.now() - whatif.LOST_AFTER - timedelta(seconds=1))
+
+    assert whatif.upkeep() == {"whatif_resent": 1}
+    assert WhatIfReplay.objects.get(pk=lost.pk).state == WhatIfReplay.State.SUCCEEDED
+    assert WhatIfReplay.objects.get(pk=fresh.pk).state == WhatIfReplay.State.QUEUED
+
+    settings.PORTAL_WORKLOAD_TRIGGER = "off"  # sent again, and lost again
+    WhatIfReplay.objects.filter(pk=fresh.pk).update(created_at=timezone.now() - 2 * whatif.LOST_AFTER)
+    assert whatif.upkeep() == {"whatif_resent": 1}
+    assert whatif.upkeep() == {}  # not again before another period has passed
