@@ -72,3 +72,31 @@ ensure_prometheus() {
     return 1
   }
 }
+
+# The llama.cpp server's environment (workers/backends/pyenv.py ensure_serve_env), where the test
+# suite's local backend looks for environments (tests/conftest.py: PORTAL_TEST_ENV_DIR): the
+# inference tests start real servers from it and never build it themselves. The first build
+# compiles llama.cpp (minutes; pip keeps the wheel in its cache for the next); then it returns at once.
+# Where the tests run as root, a second one for Slurm's nodes (tests/slurm/test_inference.py): their
+# servers run as the workspaces' accounts, which reach neither this home nor the venv's Python, so it
+# is built with the system's Python where they reach it (tests/conftest.py: SHARED_ENV_DIR), from
+# the wheel the first build left in pip's cache (seconds).
+ensure_inference_env() {
+  local root="${PORTAL_TEST_ENV_DIR:-$HOME/.cache/gpuportal/test-envs}"
+  local shared="${PORTAL_TEST_SHARED_ENV_DIR:-/var/cache/gpuportal/test-envs}"
+  (cd "$ROOT" && "$VENV/bin/python" - "$root" "$shared" <<'PY'
+import os, sys, time
+from pathlib import Path
+from workers.backends.pyenv import ensure_serve_env, serve_env_is_built
+builds = [(Path(sys.argv[1]), sys.executable)]
+if os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
+    builds.append((Path(sys.argv[2]), "/usr/bin/python3"))
+for root, python in builds:
+    if not serve_env_is_built("llamacpp", root, python):
+        print(f"Building the llama.cpp server's environment for {python} (compiles llama.cpp the first time: minutes)...", flush=True)
+        started = time.monotonic()
+        env = ensure_serve_env("llamacpp", root, python)
+        print(f"Built {env} in {time.monotonic() - started:.0f}s", flush=True)
+PY
+  )
+}

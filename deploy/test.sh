@@ -12,6 +12,7 @@ ensure_postgres
 ensure_redis
 ensure_chromium
 ensure_prometheus
+ensure_inference_env
 cd "$ROOT"
 # A real Slurm (4 simulated nodes x 4 GPUs) for the Slurm backend's tests; see docs/slurm.md.
 bash deploy/slurm.sh start

@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "apps.compute",
     "apps.jobs",
     "apps.rayclusters",
+    "apps.inference",
     "apps.scheduling",
     "apps.web",
     "apps.console",
@@ -615,6 +616,14 @@ PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
 PORTAL_GANG_READY_TIMEOUT_S = env_int("PORTAL_GANG_READY_TIMEOUT_S", 900, minimum=10)
 # How long a Ray cluster may take for every node to join (environment built, `ray start`s done).
 PORTAL_RAY_START_TIMEOUT_S = env_int("PORTAL_RAY_START_TIMEOUT_S", 300, minimum=10, maximum=3600)
+# Inference endpoints (docs/inference.md): how long a replica's server may take to load its model
+# and answer; the scheduling priority, within the unattended class, of an endpoint's replicas above
+# its minimum (which give way first); how long a request may wait for a replica when the client does not say
+# (``Prefer: wait=N``); and the largest request body the endpoint proxy takes.
+PORTAL_INFERENCE_START_TIMEOUT_S = env_int("PORTAL_INFERENCE_START_TIMEOUT_S", 600, minimum=5, maximum=7200)
+PORTAL_INFERENCE_EXTRA_PRIORITY = env_int("PORTAL_INFERENCE_EXTRA_PRIORITY", -1000, minimum=-1000, maximum=1000)
+PORTAL_INFERENCE_WAIT_S = env_int("PORTAL_INFERENCE_WAIT_S", 60, minimum=0, maximum=3600)
+PORTAL_INFERENCE_MAX_BODY_BYTES = env_int("PORTAL_INFERENCE_MAX_BODY_BYTES", 4 * 2**20, minimum=1024)
 PORTAL_GANG_BACKOFF_S = env_int("PORTAL_GANG_BACKOFF_S", 60, minimum=1)
 PORTAL_GANG_BACKOFF_MAX_S = env_int("PORTAL_GANG_BACKOFF_MAX_S", 3600, minimum=1)
 # Limits a new private workspace gets; admins change them per workspace.

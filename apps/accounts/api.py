@@ -200,12 +200,18 @@ class ApiTokenSerializer(StrictModelSerializer):
         help_text="limit the token to this workspace (null or left out: all of yours)",
     )  # fmt: skip
     state = serializers.SerializerMethodField()
+    endpoint = serializers.SerializerMethodField()
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "key_id", "scope", "workspace", "created_at", "expires_at", "expires_in_days",
-                  "last_used_at", "revoked_at", "revoked_reason", "state"]  # fmt: skip
+        fields = ["id", "name", "key_id", "scope", "workspace", "endpoint", "created_at", "expires_at",
+                  "expires_in_days", "last_used_at", "revoked_at", "revoked_reason", "state"]  # fmt: skip
         read_only_fields = ["key_id", "created_at", "expires_at", "last_used_at", "revoked_at", "revoked_reason"]
+
+    def get_endpoint(self, token: ApiToken) -> str | None:
+        """The inference endpoint the token calls, alone (made on the endpoint: POST
+        /api/v1/endpoints/<id>/tokens/); null for a token of the portal's API."""
+        return token.endpoint.name if token.endpoint_id is not None and token.endpoint is not None else None
 
     def get_state(self, token: ApiToken) -> str:
         """active, expired or revoked"""
@@ -256,7 +262,7 @@ class ApiTokenViewSet(PortalViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return ApiToken.objects.filter(user=self.request.user).select_related("workspace")
+        return ApiToken.objects.filter(user=self.request.user).select_related("workspace", "endpoint")
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)

@@ -78,6 +78,7 @@ def do_create_token(
     expires_in_days: int,
     scope: str = ApiToken.Scope.WRITE,
     workspace: Any = None,
+    endpoint: Any = None,
     acting_user: Any,
     origin: Origin = SYSTEM,
     limited: bool = False,
@@ -86,7 +87,10 @@ def do_create_token(
     or `max_days_for(user)` if that is shorter (the forms and the API refuse more with a message
     first; `gpuportal login`'s token simply gets the shorter life). `limited`: made on the
     tokens page or through the API, where a user may make `PORTAL_TOKENS_PER_USER_HOUR` an hour
-    (counting every token of theirs made in that hour); past it, `TooMany`."""
+    (counting every token of theirs made in that hour); past it, `TooMany`. `endpoint`: a token
+    for calling that inference endpoint alone (limited to its workspace too)."""
+    if endpoint is not None:
+        workspace = endpoint.workspace
     secret = secrets.token_urlsafe(32)
     expires_in_days = min(expires_in_days, max_days_for(user))
     with transaction.atomic():
@@ -100,11 +104,14 @@ def do_create_token(
             digest=_digest(secret),
             scope=scope,
             workspace=workspace,
+            endpoint=endpoint,
             expires_at=timezone.now() + timedelta(days=expires_in_days),
         )
         data = {"name": name, "scope": scope, "expires_at": token.expires_at.isoformat(), "key_id": token.key_id}
         if workspace is not None:
             data["workspace"] = workspace.name
+        if endpoint is not None:
+            data["endpoint"] = endpoint.name
         do_log_event(Event.TOKEN_CREATE, token, acting_user=acting_user, origin=origin, data=data)
     return token, f"{PREFIX}{token.key_id}_{secret}"
 

@@ -28,6 +28,10 @@ class PortalTokenAuthentication(TokenAuthentication):
         answer = super().authenticate(request)
         if answer is not None:
             token = answer[1]
+            if isinstance(token, ApiToken) and token.endpoint_id is not None:
+                raise AuthenticationFailed(
+                    "This token is made for calling one inference endpoint, at its own URL: it opens nothing else."
+                )
             if (
                 isinstance(token, ApiToken)
                 and token.scope == ApiToken.Scope.READ

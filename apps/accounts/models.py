@@ -76,6 +76,10 @@ class ApiToken(models.Model):
     scope = models.CharField(max_length=5, choices=Scope.choices, default=Scope.WRITE)
     # Limited to one workspace (acting there alone, as a workload's token does); null: all of the user's.
     workspace = models.ForeignKey("workspaces.Workspace", null=True, blank=True, on_delete=models.CASCADE)
+    # Made for calling one inference endpoint alone (its workspace's too): it opens nothing else.
+    endpoint = models.ForeignKey(
+        "inference.Endpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -15,6 +15,7 @@ from apps.alerts.api import AlertRuleViewSet, AlertViewSet
 from apps.audit.api import AuditEventViewSet, AuditExportView
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewSet
+from apps.inference.api import EndpointViewSet, InferenceProfileViewSet
 from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
@@ -31,6 +32,8 @@ router.register("quotas", GPUQuotaViewSet, basename="quota")
 router.register("cohorts", CohortViewSet, basename="cohort")
 router.register("compute-profiles", ComputeProfileViewSet, basename="computeprofile")
 router.register("notebook-profiles", NotebookProfileViewSet, basename="notebookprofile")
+router.register("inference-profiles", InferenceProfileViewSet, basename="inferenceprofile")
+router.register("endpoints", EndpointViewSet, basename="endpoint")
 router.register("instances", InstanceViewSet, basename="instance")
 router.register("notebooks", NotebookViewSet, basename="notebook")
 router.register("collaborators", CollaboratorViewSet, basename="collaborator")

@@ -51,6 +51,10 @@ class Event(StrEnum):
     NOTEBOOK_PROFILE_UPDATE = "notebookprofile.update"
     NOTEBOOK_PROFILE_PUBLISH = "notebookprofile.publish"
     NOTEBOOK_PROFILE_DELETE = "notebookprofile.delete"
+    INFERENCE_PROFILE_CREATE = "inferenceprofile.create"
+    INFERENCE_PROFILE_UPDATE = "inferenceprofile.update"
+    INFERENCE_PROFILE_PUBLISH = "inferenceprofile.publish"
+    INFERENCE_PROFILE_DELETE = "inferenceprofile.delete"
 
     # Clusters (apps/inventory)
     CLUSTER_CREATE = "cluster.create"
@@ -106,6 +110,16 @@ class Event(StrEnum):
     RAY_SUCCEEDED = "raycluster.succeeded"
     RAY_FAILED = "raycluster.failed"
     RAY_STOPPED = "raycluster.stopped"
+    # Inference endpoints (apps/inference)
+    ENDPOINT_CREATE = "endpoint.create"
+    ENDPOINT_UPDATE = "endpoint.update"
+    ENDPOINT_DELETE = "endpoint.delete"
+    ENDPOINT_READY = "endpoint.ready"
+    ENDPOINT_SCALE = "endpoint.scale"
+    ENDPOINT_ADMIT = "endpoint.admit"  # a replica was admitted
+    ENDPOINT_PREEMPT = "endpoint.preempt"  # a replica was preempted
+    ENDPOINT_REPLICA_FAILED = "endpoint.replica_failed"
+    ENDPOINT_FAILED = "endpoint.failed"
 
     # What-if replays (apps/scheduling/whatif.py): an admin's replay of the portal's history
     WHATIF_START = "whatif.start"

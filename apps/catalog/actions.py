@@ -9,7 +9,7 @@ from django.db.models.deletion import ProtectedError
 
 from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
-from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfile
 from apps.errors import ActionError, Conflict
 
 P = TypeVar("P", ComputeProfile, NotebookProfile)
@@ -24,7 +24,7 @@ class ProfileEvents(NamedTuple):
     delete: Event
 
 
-EVENTS: dict[type[ComputeProfile | NotebookProfile], ProfileEvents] = {
+EVENTS: dict[type[ComputeProfile | NotebookProfile | InferenceProfile], ProfileEvents] = {
     ComputeProfile: ProfileEvents(
         Event.COMPUTE_PROFILE_CREATE,
         Event.COMPUTE_PROFILE_UPDATE,
@@ -36,6 +36,12 @@ EVENTS: dict[type[ComputeProfile | NotebookProfile], ProfileEvents] = {
         Event.NOTEBOOK_PROFILE_UPDATE,
         Event.NOTEBOOK_PROFILE_PUBLISH,
         Event.NOTEBOOK_PROFILE_DELETE,
+    ),
+    InferenceProfile: ProfileEvents(
+        Event.INFERENCE_PROFILE_CREATE,
+        Event.INFERENCE_PROFILE_UPDATE,
+        Event.INFERENCE_PROFILE_PUBLISH,
+        Event.INFERENCE_PROFILE_DELETE,
     ),
 }
 
@@ -60,7 +66,9 @@ def do_save_profile(profile: P, *, acting_user: Any, origin: Origin = SYSTEM, **
     return profile
 
 
-def do_delete_profile(profile: ComputeProfile | NotebookProfile, *, acting_user: Any, origin: Origin = SYSTEM) -> None:
+def do_delete_profile(
+    profile: ComputeProfile | NotebookProfile | InferenceProfile, *, acting_user: Any, origin: Origin = SYSTEM
+) -> None:
     """Delete a profile nothing was ever launched from; otherwise unpublish it instead."""
     with transaction.atomic():
         do_log_event(EVENTS[type(profile)].delete, profile, acting_user=acting_user, origin=origin)
@@ -69,5 +77,5 @@ def do_delete_profile(profile: ComputeProfile | NotebookProfile, *, acting_user:
                 profile.delete()
         except ProtectedError:
             raise Conflict(
-                f"Profile {profile.name} has been used by instances or notebooks; unpublish it instead."
+                f"Profile {profile.name} has been used by instances, notebooks or endpoints; unpublish it instead."
             ) from None

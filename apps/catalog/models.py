@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from apps.names import validate_dns_label, validate_gpu_type
+from apps.workloads.models import PriorityClass
 
 
 class VisibleQuerySet(models.QuerySet):
@@ -59,6 +60,8 @@ class ComputeProfile(Profile):
     )
     cpu_cores = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1), MaxValueValidator(4096)])
     memory_gb = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1), MaxValueValidator(65536)])
+    # The priority class of the instances launched from it (docs/scheduler.md).
+    priority_class = models.CharField(max_length=16, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE)
 
     class Meta(Profile.Meta):
         constraints = [
@@ -79,3 +82,45 @@ class NotebookProfile(Profile):
     python_packages = models.JSONField(
         default=list, blank=True, help_text="pip requirements of the local backend's environment."
     )
+
+
+class InferenceProfile(Profile):
+    """What an inference endpoint's replicas run (workers/backends/servers.py): the server, its
+    arguments, and one replica's size; and how its endpoints scale: how many requests one replica
+    serves at once (more wait in the portal's proxy), how long requests wait before another
+    replica is started, and how long a quieter endpoint waits before it stops one."""
+
+    class Server(models.TextChoices):
+        LLAMACPP = "llamacpp", "llama.cpp server (CPU)"
+        VLLM = "vllm", "vLLM (GPU)"
+
+    server = models.CharField(max_length=16, choices=Server.choices, default=Server.LLAMACPP)
+    server_args = models.JSONField(default=list, blank=True, help_text="Extra arguments of the server.")
+    image = models.CharField(max_length=300, blank=True, help_text="Container image for the Kubernetes backend.")
+    gpu_type = models.CharField(max_length=32, blank=True, validators=[validate_gpu_type])
+    gpus = models.DecimalField(
+        max_digits=7,
+        decimal_places=3,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1024"))],
+    )
+    cpu_cores = models.PositiveIntegerField(default=2, validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    memory_gb = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1), MaxValueValidator(65536)])
+    concurrency = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1), MaxValueValidator(1024)])
+    scale_up_after_s = models.PositiveIntegerField(default=5, validators=[MaxValueValidator(3600)])
+    scale_down_after_s = models.PositiveIntegerField(default=120, validators=[MaxValueValidator(86400)])
+    # The priority class of its endpoints' minimum replicas (those above it are unattended work).
+    priority_class = models.CharField(max_length=16, choices=PriorityClass.choices, default=PriorityClass.INFERENCE)
+
+    class Meta(Profile.Meta):
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus=0, gpu_type="") | (Q(gpus__gt=0) & ~Q(gpu_type="")),
+                name="inference_profile_gpu_type_with_gpus",
+            )
+        ]
+
+    @property
+    def size_label(self) -> str:
+        gpus = f"{self.gpus.normalize():f} × {self.gpu_type}, " if self.gpus else ""
+        return f"{gpus}{self.cpu_cores} CPU, {self.memory_gb} GB"

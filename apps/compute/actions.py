@@ -114,6 +114,7 @@ def check_launch_instance(
             cpu_cores=profile.cpu_cores,
             memory_gb=profile.memory_gb,
             requested_cluster=requested_cluster,
+            priority_class=profile.priority_class,
             created_by=acting_user if acting_user.is_authenticated else None,
         )
         do_log_event(

@@ -13,7 +13,8 @@ ALLOWED_HOSTS) would fail in Django's host check.
 A Ray cluster's dashboard host (``ray-<name>-<id>`` under the same domain) has no route in the
 notebook proxy by design: Ray's ports run whatever code reaches them, so every request for it
 comes here and goes to the portal's own authenticating proxy (apps/rayclusters/proxy.py). A label
-whose id is no Ray cluster's, or whose name is not that cluster's, is answered as above.
+whose id is no Ray cluster's, or whose name is not that cluster's, is answered as above. An
+inference endpoint's host (``ep-<name>-<id>``) likewise comes here, to apps/inference/proxy.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
 from apps.compute import hosts
+from apps.inference import proxy as endpoint_proxy
 from apps.rayclusters import proxy as ray_proxy
 
 # What a notebook's server answers to a refused callback, and the portal for a host with no
@@ -55,6 +57,9 @@ class NotebookHostMiddleware:
         host = hosts.split_host(request.META.get("HTTP_HOST", ""))
         label = hosts.label_of_host(host)
         if label is not None:
+            endpoint = endpoint_proxy.endpoint_of_label(label)
+            if endpoint is not None:
+                return endpoint_proxy.serve(request, endpoint)
             cluster = ray_proxy.cluster_of_label(label)
             if cluster is not None:
                 return ray_proxy.serve(request, cluster)

@@ -74,6 +74,7 @@ class PortalCollector(Collector):
         yield from self._workloads()
         yield from self._scheduler()
         yield self._waits()
+        yield from self._endpoints(now)
 
     def _queue(self, now: Any) -> Iterator[Metric]:
         length = GaugeMetricFamily(
@@ -286,6 +287,57 @@ class PortalCollector(Collector):
             seconds = waited.total_seconds() if isinstance(waited, timedelta) else float(waited or 0) / 1e6
             family.add_metric([kind], buckets, max(0.0, seconds))
         return family
+
+    def _endpoints(self, now: Any) -> Iterator[Metric]:
+        """Each live inference endpoint's replicas (wanted, serving, its bounds) and the traffic the
+        portal's proxy saw of it, every web process together (apps/inference/proxy.py)."""
+        from apps.inference.models import LATENCY_BUCKETS_S, Endpoint, Replica
+        from apps.inference.scaling import load_of
+
+        labels = ["workspace", "endpoint"]
+        replicas = GaugeMetricFamily(
+            "gpuportal_endpoint_replicas", "Inference endpoints' replicas: desired, serving, min, max.",
+            labels=[*labels, "kind"],
+        )  # fmt: skip
+        in_flight = GaugeMetricFamily(
+            "gpuportal_endpoint_requests_in_flight", "Requests being answered.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "gpuportal_endpoint_requests_waiting", "Requests waiting for a replica.", labels=labels
+        )
+        requests = CounterMetricFamily("gpuportal_endpoint_requests", "Requests answered or given up.", labels=labels)
+        errors = CounterMetricFamily(
+            "gpuportal_endpoint_errors", "Requests answered with a 5xx or given up.", labels=labels
+        )
+        tokens = CounterMetricFamily("gpuportal_endpoint_completion_tokens", "Tokens generated.", labels=labels)
+        latency = HistogramMetricFamily(
+            "gpuportal_endpoint_request_seconds", "Time from a request's arrival to its answer's end.", labels=labels
+        )
+        live = list(Endpoint.objects.filter(state__in=Endpoint.LIVE_STATES).select_related("workspace"))
+        serving = dict(
+            Replica.objects.filter(endpoint__in=live, state=Replica.State.READY)
+            .values_list("endpoint_id")
+            .annotate(n=Count("pk"))
+            .values_list("endpoint_id", "n")
+        )
+        loads = load_of([e.pk for e in live], now)
+        for endpoint in live:
+            names = [endpoint.workspace.name, endpoint.name]
+            for kind, value in (("desired", endpoint.desired_replicas), ("serving", serving.get(endpoint.pk, 0)),
+                                ("min", endpoint.min_replicas), ("max", endpoint.max_replicas)):  # fmt: skip
+                replicas.add_metric([*names, kind], value)
+            load = loads[endpoint.pk]
+            in_flight.add_metric(names, load.in_flight)
+            waiting.add_metric(names, load.waiting)
+            requests.add_metric(names, load.requests)
+            errors.add_metric(names, load.errors)
+            tokens.add_metric(names, load.tokens)
+            cumulative, buckets = 0, []
+            for bound, count in zip(LATENCY_BUCKETS_S, load.latency, strict=False):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+            latency.add_metric(names, buckets, load.latency_sum)
+        yield from (replicas, in_flight, waiting, requests, errors, tokens, latency)
 
 
 def _counters() -> tuple[tuple[str, str, list[str], tuple[tuple[list[str], str], ...]], ...]:

@@ -28,41 +28,35 @@ over HTTP instead.
 from __future__ import annotations
 
 import http.client
-import socket
-import urllib.parse
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIRequest
-from django.db import connection as database
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.urls import reverse
 
 from apps.compute import hosts
 from apps.rayclusters import signin
 from apps.rayclusters.models import RayCluster
+from apps.workloads.forwarding import (
+    HOP_BY_HOP,
+    connection_named,
+    connection_to,
+    release_database,
+    streamed,
+)
 from apps.workspaces.access import USE, VIEW, restrict
 
 MAX_BODY_BYTES = 512 * 1024 * 1024
-CONNECT_TIMEOUT_S = 10.0
 # One read or write to the dashboard: a job's submission waits for Ray to unpack and start it.
 IO_TIMEOUT_S = 300.0
-CHUNK_BYTES = 64 * 1024
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 RUNNING = (RayCluster.State.RUNNING, RayCluster.State.DEGRADED)
-HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
-     "trailer", "trailers", "transfer-encoding", "upgrade"}
-)  # fmt: skip
 # Never passed on to Ray: the client's credentials of any kind (Ray reads a token from each).
 CREDENTIALS = frozenset({"authorization", "x-ray-authorization", "cookie"})
 # Never passed back from Ray: its cookies (its own token's, for one), and a grant to other
 # origins to read what a signed-in browser is answered.
 NOT_ANSWERED = frozenset({"set-cookie", "access-control-allow-credentials"})
-UNIX_SCHEME = "http+unix"
 ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 NO_SUCH_CLUSTER = "No such Ray cluster.\n"
@@ -170,46 +164,10 @@ def _callback(request: HttpRequest, cluster: RayCluster) -> HttpResponse:
 # -- forwarding ---------------------------------------------------------------------------------
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (the local backend's dashboard); the Host header says ``localhost``."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=CONNECT_TIMEOUT_S, blocksize=CHUNK_BYTES)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def _connection(target: str) -> tuple[http.client.HTTPConnection, str]:
-    """A connection to the dashboard at ``target``, and the path prefix of that target."""
-    parts = urllib.parse.urlsplit(target)
-    if parts.scheme == UNIX_SCHEME and parts.netloc:
-        return _UnixConnection(urllib.parse.unquote(parts.netloc)), parts.path.rstrip("/")
-    if parts.scheme == "http" and parts.hostname:
-        connection = http.client.HTTPConnection(
-            parts.hostname, parts.port, timeout=CONNECT_TIMEOUT_S, blocksize=CHUNK_BYTES
-        )
-        return connection, parts.path.rstrip("/")
-    raise OSError(f"not an http or {UNIX_SCHEME} target: {target!r}")
-
-
-def _connection_named(headers: Any) -> set[str]:
-    """The headers a ``Connection`` header names: hop-by-hop too (RFC 9110, 7.6.1)."""
-    return {name.strip().lower() for value in headers for name in value.split(",") if name.strip()}
-
-
 def request_headers(request: HttpRequest, token: str) -> dict[str, str]:
     """What goes to Ray: the client's headers less its credentials, the hop-by-hop ones and its
     Host (the connection's own is sent), and the cluster's token."""
-    named = _connection_named([request.headers.get("Connection", "")])
+    named = connection_named([request.headers.get("Connection", "")])
     dropped = HOP_BY_HOP | CREDENTIALS | named | {"host", "content-length"}
     headers = {name: value for name, value in request.headers.items() if name.lower() not in dropped}
     headers["Authorization"] = f"Bearer {token}"
@@ -230,9 +188,9 @@ def forward(request: HttpRequest, cluster: RayCluster) -> HttpResponseBase:
     headers = request_headers(request, cluster.auth_token)
     if length or request.method not in SAFE_METHODS:
         headers["Content-Length"] = str(length)
-    _release_database()
+    release_database()
     try:
-        connection, prefix = _connection(cluster.proxy_target)
+        connection, prefix = connection_to(cluster.proxy_target)
     except OSError:
         return _answer(502, "The Ray cluster's dashboard cannot be reached.\n")
     try:
@@ -249,64 +207,4 @@ def forward(request: HttpRequest, cluster: RayCluster) -> HttpResponseBase:
     except (OSError, http.client.HTTPException):
         connection.close()
         return _answer(502, "The Ray cluster's dashboard does not answer; it may be starting or restarting.\n")
-    return _streamed(request, upstream, connection)
-
-
-def _release_database() -> None:
-    """A proxied request may last minutes (a package upload, a slow answer of Ray's) and needs the
-    database no more: its connection goes back now, not at the request's end (a process's pool
-    holds few, and the portal's other requests wait for them)."""
-    if not database.in_atomic_block:
-        database.close()
-
-
-def _streamed(
-    request: HttpRequest, upstream: http.client.HTTPResponse, connection: http.client.HTTPConnection
-) -> StreamingHttpResponse:
-    # Under ASGI an answer is streamed only from an asynchronous iterator (Django reads a
-    # synchronous one whole first); under WSGI only from a synchronous one.
-    body = (_AsyncBody if isinstance(request, ASGIRequest) else _Body)(upstream, connection)
-    response = StreamingHttpResponse(body, status=upstream.status, reason=upstream.reason or None)
-    del response["Content-Type"]
-    named = _connection_named(upstream.headers.get_all("Connection") or [])
-    kept: dict[str, list[str]] = {}
-    for name, value in upstream.getheaders():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in named or lower in NOT_ANSWERED:
-            continue
-        kept.setdefault(name, []).append(value)
-    for name, values in kept.items():
-        response[name] = ", ".join(values)
-    return response
-
-
-class _Upstream:
-    """Ray's answer's body, read as it comes, and the connection it comes on: closed by Django
-    once the answer is sent or given up (its ``close()``)."""
-
-    def __init__(self, upstream: http.client.HTTPResponse, connection: http.client.HTTPConnection) -> None:
-        self.upstream = upstream
-        self.connection = connection
-
-    def close(self) -> None:
-        self.upstream.close()
-        self.connection.close()
-
-
-class _Body(_Upstream):
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            while chunk := self.upstream.read1(CHUNK_BYTES):
-                yield chunk
-        except (OSError, http.client.HTTPException):
-            return  # Ray went away mid-answer: the client sees it cut short
-
-
-class _AsyncBody(_Upstream):
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = sync_to_async(self.upstream.read1, thread_sensitive=False)
-        try:
-            while chunk := await read(CHUNK_BYTES):
-                yield chunk
-        except (OSError, http.client.HTTPException):
-            return
+    return streamed(request, upstream, connection, not_answered=NOT_ANSWERED)

@@ -154,7 +154,7 @@ def _as_workload(
         gpus_per_replica=gpus,
         replicas=replica_count,
         more=more,
-        priority=row.priority,
+        priority=row.scheduling_priority,
         seq=int(row.created_at.timestamp() * 1_000_000) * 10 + (0 if traits.preempt is None else 1),
         submitted_at=row.created_at.timestamp(),
         # Kinds the scheduler never preempts (interactive instances); the others unless their owner said so.

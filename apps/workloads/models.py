@@ -31,6 +31,7 @@ LIVE_NAMED = {
     "instance": ("QUEUED", "PROVISIONING", "RUNNING", "DELETING"),
     "notebook": ("PENDING", "STARTING", "READY", "STOPPING"),
     "raycluster": ("QUEUED", "ADMITTED", "STARTING", "RUNNING", "DEGRADED", "PREEMPTED", "STOPPING"),
+    "endpoint": ("DEPLOYING", "READY", "IDLE", "DELETING"),
 }
 
 
@@ -39,11 +40,35 @@ LIVE_NAMED = {
 STATES = sorted(
     {"QUEUED", "ADMITTED", "PROVISIONING", "RUNNING", "DEGRADED", "PREEMPTED", "STOPPING", "DELETING", "DELETED"}
     | {"PENDING", "STARTING", "READY", "STOPPED", "SUCCEEDED", "FAILED", "CANCELLED"}
+    | {"DEPLOYING", "IDLE"}
 )
 
 
 #: The `state` column's choices (the API's schema names them WorkloadStateEnum).
 STATE_CHOICES = [(state, state.title()) for state in STATES]
+
+
+class PriorityClass(models.TextChoices):
+    """What a workload is, for the order of queueing and preemption (docs/scheduler.md, "Priority
+    classes"): inference (an endpoint's minimum replicas) before interactive work (instances) before
+    unattended work (jobs, Ray clusters, an endpoint's replicas above its minimum). A class outranks
+    every priority within the class below it; within a class, the workload's own ``priority``."""
+
+    INFERENCE = "inference", "Inference"
+    INTERACTIVE = "interactive", "Interactive"
+    UNATTENDED = "unattended", "Unattended"
+
+
+#: Each kind's class unless its profile says otherwise.
+DEFAULT_CLASS = {
+    "instance": PriorityClass.INTERACTIVE,
+    "notebook": PriorityClass.INTERACTIVE,
+    "replica": PriorityClass.INFERENCE,
+    "endpoint": PriorityClass.INFERENCE,
+}
+#: How far apart the classes are: more than a workload's own priority can span (-1000 to 1000).
+CLASS_STEP = 10_000
+CLASS_RANK = {PriorityClass.UNATTENDED: 0, PriorityClass.INTERACTIVE: 1, PriorityClass.INFERENCE: 2}
 
 
 def _live_named() -> Q:
@@ -74,6 +99,8 @@ class Workload(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     priority = models.IntegerField(default=0, validators=[MinValueValidator(-1000), MaxValueValidator(1000)])
+    # Its class: ranks above its own priority in queueing and preemption (PriorityClass).
+    priority_class = models.CharField(max_length=16, choices=PriorityClass.choices, blank=True)
     # Whether the scheduler may stop it for other work (where its kind may be preempted at all).
     preemptible = models.BooleanField(default=True)
 
@@ -117,6 +144,7 @@ class Workload(models.Model):
         if adding:
             self.kind = self.kind or self.KIND
             self.state = self.state or self.INITIAL_STATE
+            self.priority_class = self.priority_class or DEFAULT_CLASS.get(self.kind, PriorityClass.UNATTENDED)
         super().save(*args, **kwargs)
         if adding and not PodSet.objects.filter(workload_id=self.pk).exists():
             PodSet.objects.bulk_create(self.pod_sets())
@@ -125,6 +153,12 @@ class Workload(models.Model):
         """What it asks for, one pod set per role, made when it is created (none: it holds nothing
         of its own, as a notebook on its instance's GPUs)."""
         return []
+
+    @property
+    def scheduling_priority(self) -> int:
+        """What the scheduler orders and preempts by: its class first, then its own priority."""
+        rank = CLASS_RANK.get(PriorityClass(self.priority_class or PriorityClass.UNATTENDED), 0)
+        return rank * CLASS_STEP + self.priority
 
     def get_state_display(self) -> str:
         states = getattr(type(self), "State", None)

@@ -29,10 +29,12 @@ from apps.alerts.models import Alert, AlertRule
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.catalog.actions import do_save_profile
-from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfile
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_notebook
 from apps.compute.collaborators import do_set_collaborator
 from apps.compute.models import Collaborator, Instance, Notebook
+from apps.inference.actions import check_create_endpoint
+from apps.inference.models import Endpoint as InferenceEndpoint
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
 from apps.inventory.models import GPU, Cluster, Node
@@ -50,6 +52,7 @@ from apps.workspaces.actions import (
     do_update_workspace,
 )
 from apps.workspaces.models import Cohort, Role, Workspace
+from tests.inference.endpoints import model_in
 from tests.personas import World
 
 PERSONAS = ("victor", "bob", "alice", "admin")
@@ -181,6 +184,29 @@ def ray_cluster(world: World, workspace: Workspace, name: str = "ray") -> RayClu
 def more_ray_clusters(world: World, rows: range) -> None:
     for i in rows:
         ray_cluster(world, world.team_a, f"ray-{i}")
+
+
+def llama_profile_of(world: World, workspace: Workspace) -> InferenceProfile:
+    return llama_profile(world)
+
+
+def llama_profile(world: World) -> InferenceProfile:
+    profile, _ = InferenceProfile.objects.get_or_create(
+        name="llama-cpu", defaults={"cpu_cores": 1, "memory_gb": 2, "published": True}
+    )
+    return profile
+
+
+def inference_endpoint(world: World, workspace: Workspace, name: str = "chat") -> InferenceEndpoint:
+    return check_create_endpoint(
+        workspace, name=name, profile=llama_profile(world), path=model_in(workspace),
+        acting_user=acting(world, workspace),
+    )  # fmt: skip
+
+
+def more_endpoints(world: World, rows: range) -> None:
+    for i in rows:
+        inference_endpoint(world, world.team_a, f"chat-{i}")
 
 
 def more_workloads(world: World, rows: range) -> None:
@@ -417,6 +443,16 @@ ENDPOINTS = [
              create=lambda w, ws: {"name": "torch", "image": "quay.io/jupyter/pytorch-notebook"},
              create_by="admin", patch={"python_packages": ["jupyterlab", "torch"]}, change_by="admin", delete=True,
              delete_by="admin", more=more_profiles(NotebookProfile, image="quay.io/jupyter/base-notebook")),
+    Endpoint("inference-profiles", llama_profile_of, lookup="name", tenant=False,
+             hidden=team_b_profile(InferenceProfile, cpu_cores=1, memory_gb=1),
+             create=lambda w, ws: {"name": "llama-big", "server": "llamacpp", "cpu_cores": 4}, create_by="admin",
+             patch={"description": "On CPU"}, change_by="admin", delete=True, delete_by="admin",
+             more=more_profiles(InferenceProfile, cpu_cores=1, memory_gb=1)),
+    Endpoint("endpoints", inference_endpoint,
+             create=lambda w, ws: {"workspace": ws.name, "name": "chat-2", "profile": llama_profile(w).name,
+                                   "path": model_in(ws)},
+             patch={"description": "Chat"}, delete=True, actions=("tokens",), reads=("events", "metrics", "logs"),
+             more=more_endpoints),
     Endpoint("instances", instance, create=lambda w, ws: {"workspace": ws.name, "name": "box-2", "profile": "gpu-1"},
              patch={"description": "Tuning"}, delete=True, secret_reads=("kubeconfig",), more=more_instances,
              workload_writes=True),

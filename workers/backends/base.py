@@ -227,7 +227,43 @@ class RayClusterSpec:
 #: environment only (never a command line, a manifest's plain value or a log).
 PORTAL_ENV_SECRET = "GPUPORTAL_TOKEN"
 
-Spec = JobSpec | InstanceSpec | NotebookSpec | RayClusterSpec
+
+@dataclass
+class InferenceSpec:
+    """One replica of an inference endpoint: an OpenAI-compatible server (``server``, a kind of
+    workers/backends/servers.py) loading ``model_path`` (inside ``work_dir``, the workspace's
+    directory) and answering for it as ``served_name``, with ``extra_args`` (its profile's).
+    ``devices`` are its GPU indices where the backend places them itself (local); ``gpu_type``,
+    ``gpus``, ``cpu_cores`` and ``memory_gb`` its size; ``image`` its container image on Kubernetes.
+    ``endpoint`` names the endpoint it serves (the Kubernetes backend's Service selects by it).
+    ``start_timeout_s``: how long the server may take to load the model and answer.
+    ``api_key``: the replica's own secret (the server refuses a request without it; the portal's
+    proxy adds it), reaching the server through its environment only.
+    ``run_as`` and ``disk`` as for a job. It gets no portal token: a server acts for nobody.
+    """
+
+    key: str
+    workspace: str
+    name: str
+    work_dir: str
+    server: str
+    model_path: str
+    served_name: str
+    endpoint: str = ""
+    extra_args: list[str] = field(default_factory=list)
+    image: str = ""
+    devices: list[str] = field(default_factory=list)
+    gpu_type: str = ""
+    gpus: float = 0.0
+    cpu_cores: float = 1.0
+    memory_gb: float = 1.0
+    start_timeout_s: float = 600.0
+    api_key: str = ""
+    run_as: RunAs | None = None
+    disk: DiskQuota | None = None
+
+
+Spec = JobSpec | InstanceSpec | NotebookSpec | RayClusterSpec | InferenceSpec
 
 
 @dataclass(frozen=True)
@@ -403,6 +439,8 @@ class Backend(ABC):
             return self.start_notebook(spec)
         if isinstance(spec, RayClusterSpec):
             return self.start_ray_cluster(spec)
+        if isinstance(spec, InferenceSpec):
+            return self.start_inference(spec)
         raise BackendError(f"no backend starts a {type(spec).__name__}", permanent=True)
 
     def adopt(self, spec: Spec) -> Endpoint | None:
@@ -447,6 +485,14 @@ class Backend(ABC):
         ``url`` the address the portal's proxy sends the cluster's dashboard and Jobs API requests
         to. Default: ``BackendError(permanent=True)``, this backend runs no Ray clusters."""
         raise self._cannot_run("Ray clusters")
+
+    def start_inference(self, spec: InferenceSpec) -> Endpoint:
+        """Start one replica of an inference endpoint; return once its server answers (its model
+        loaded), with ``url`` the address the portal's proxy sends the endpoint's requests to.
+        ``BackendError`` (transient) with the server's last log lines where it exited or did not
+        answer in time (it is stopped first). Default: ``BackendError(permanent=True)``, this
+        backend serves no models."""
+        raise self._cannot_run("inference servers")
 
     def _cannot_run(self, what: str) -> BackendError:
         return BackendError(f"the {self.name or type(self).__name__} backend cannot run {what}", permanent=True)

@@ -1,5 +1,6 @@
 """The Kubernetes backend: instances as namespaces or vclusters, notebooks as StatefulSets, jobs as indexed Jobs,
-Ray clusters as KubeRay RayClusters (or RayJobs, for an entrypoint).
+Ray clusters as KubeRay RayClusters (or RayJobs, for an entrypoint), inference replicas as Pods of their server
+behind their endpoint's headless Service (``kubernetes_inference``).
 
 Every object comes from the pure builders of ``kubernetes_objects`` (``kuberay_objects`` for Ray) and goes to the
 API server through the official ``kubernetes`` client, one typed call per object (``create_namespaced_job`` and
@@ -52,6 +53,7 @@ from kubernetes import client, config
 from kubernetes.utils import parse_quantity
 
 from workers.backends import kuberay_objects as kro
+from workers.backends import kubernetes_inference as ki
 from workers.backends import kubernetes_objects as ko
 from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import (
@@ -63,6 +65,7 @@ from workers.backends.base import (
     BackendError,
     Endpoint,
     GpuInfo,
+    InferenceSpec,
     InstanceSpec,
     JobSpec,
     Keep,
@@ -96,6 +99,7 @@ _RESOURCES: dict[str, tuple[type[Any], str]] = {
     "ConfigMap": (client.CoreV1Api, "namespaced_config_map"),
     "Service": (client.CoreV1Api, "namespaced_service"),
     "Pod": (client.CoreV1Api, "namespaced_pod"),
+    "PersistentVolumeClaim": (client.CoreV1Api, "namespaced_persistent_volume_claim"),
     "NetworkPolicy": (client.NetworkingV1Api, "namespaced_network_policy"),
     "Ingress": (client.NetworkingV1Api, "namespaced_ingress"),
     "RoleBinding": (client.RbacAuthorizationV1Api, "namespaced_role_binding"),
@@ -194,6 +198,8 @@ def _lists_for(state: Mapping[str, Any]) -> set[tuple[str, str]]:
         return {("Job", namespace), ("Pod", namespace)}
     if kind == "notebook":
         return {("StatefulSet", namespace)}
+    if kind == "inference":
+        return {("Pod", namespace)}
     if kind == "instance":
         return {("Namespace", "")} | ({("Job", namespace)} if state.get("instance_kind") == "vcluster" else set())
     if kind == "ray" and ray_kind in _CUSTOM:
@@ -495,7 +501,7 @@ class KubernetesBackend(Backend):
             raise BackendError(f"{kind} {ref['name']} exists and is not this workspace's", permanent=True)
         if existing.get("metadata", {}).get("deletionTimestamp"):
             raise BackendError(f"{kind} {ref['name']} is still being deleted; try again", permanent=False)
-        if kind in ("Job", "RayJob"):
+        if kind in ("Job", "RayJob", "Pod"):  # a Job's or a Pod's spec is immutable; KubeRay runs a RayJob once
             return existing
         patched = self._json_call(kind, "patch", *self._scope(ref), manifest, _content_type=MERGE_PATCH)
         return dict(patched)
@@ -536,7 +542,7 @@ class KubernetesBackend(Backend):
         """Reattach to a workload's objects by their names."""
         if state and (
             state.get("version") != STATE_VERSION
-            or state.get("kind") not in ("job", "notebook", "instance", "ray")
+            or state.get("kind") not in ("job", "notebook", "instance", "ray", "inference")
             or not isinstance(state.get("namespace"), str)
         ):
             raise BackendError(
@@ -556,9 +562,10 @@ class KubernetesBackend(Backend):
 
         An instance runs once its objects exist (a vcluster then installs in the background: see
         ``poll()``); a notebook once its pod is ready; a job once every pod of the gang is ready (or
-        has already ended). Past ``start_timeout_s`` its objects are deleted and the start fails,
-        transient. Calling it again for the same workload converges the objects and returns the same
-        endpoint. Instance kinds other than ``namespace`` and ``vcluster`` are a permanent error.
+        has already ended); an inference replica once its pod is ready (``start_inference()``). Past
+        ``start_timeout_s`` (an inference replica: its spec's) its objects are deleted and the start fails,
+        transient. Calling it again for the same workload converges the objects and returns the same endpoint.
+        Instance kinds other than ``namespace`` and ``vcluster`` are a permanent error.
         """
         if self._state and (self._state.get("key") != spec.key or self._state.get("final")):
             raise BackendError("this backend already ran a workload; clear_state() first", permanent=True)
@@ -716,6 +723,126 @@ class KubernetesBackend(Backend):
             return kro.job_started(obj, int(self._state["workers"]))
         return kro.cluster_ready(obj.get("status"), int(self._state["workers"]))
 
+    def start_inference(self, spec: InferenceSpec) -> Endpoint:
+        """One replica of an inference endpoint, in the workspace's serving namespace (see ``kubernetes_inference``):
+        its key's Secret, its server's Pod, and its endpoint's headless Service (created with the first replica).
+        Returns once the pod is ready (its readiness probe had the server's health path answer the key), with ``url``
+        the pod's address: the portal's proxy balances between replicas itself. A server that exits first is a
+        permanent ``BackendError``, one not ready within ``spec.start_timeout_s`` a transient one, both with its last
+        log lines and the replica's objects deleted. A pod of an earlier run under the name, already ended, is
+        deleted first (the start is retried)."""
+        problem = self._inference_problem(spec)
+        if problem:
+            raise BackendError(problem, permanent=True)
+        owner = ki.serve_owner(spec.workspace, self.settings)
+        serve = ki.ServeSpec(
+            name=_workload_name(spec.key),
+            endpoint=spec.endpoint,
+            server=spec.server,
+            image=spec.image,
+            model=os.path.relpath(spec.model_path, spec.work_dir),
+            served_name=spec.served_name,
+            size=ko.Size(spec.cpu_cores, spec.memory_gb, Decimal(str(spec.gpus)), spec.gpu_type),
+            api_key=spec.api_key,
+            extra_args=tuple(spec.extra_args),
+        )
+        namespace_manifests = ki.serve_namespace_objects(spec.workspace, self.settings)
+        manifests = ki.replica_objects(owner, serve, self.settings)
+        service = ki.endpoint_service(owner, spec.endpoint, self.settings)
+        # The namespace is the workspace's and the Service the endpoint's: neither is deleted with one replica.
+        namespace = ko.namespace_name(owner, self.settings)
+        self._begin(spec, "inference", namespace, manifests, pod=ki.replica_name(serve.name))
+        self._state.update(serves=spec.endpoint, service=_ref(service))
+        for manifest in namespace_manifests:
+            self._create(manifest)
+        for manifest in manifests:
+            existing = self._create(manifest)
+            if manifest["kind"] == "Pod" and not self._state.get("created") and ki.pod_exit(existing) is not None:
+                self._delete(self._object("Pod"))
+                earlier = f"Pod {self._state['pod']} of an earlier run is being deleted; try again"
+                raise BackendError(earlier, permanent=False)
+        self._state["created"] = True
+        self._create(service)
+        pod = self._replica_ready(spec.start_timeout_s)
+        # Again: the last replica of the endpoint, stopping meanwhile, may have deleted it.
+        self._create(service)
+        ip = str(pod["status"]["podIP"])
+        self._state["endpoint"] = {"host": ip, "port": ki.SERVER_PORT, "url": ki.target_url(pod)}
+        return self._endpoint()
+
+    @staticmethod
+    def _inference_problem(spec: InferenceSpec) -> str:
+        """Why ``spec`` cannot run here ("" if it can): what the portal must always give."""
+        if not spec.image:
+            return "the inference profile names no container image, which Kubernetes needs"
+        if not spec.api_key:
+            return "an inference replica needs its API key"
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$", spec.endpoint):
+            return f"the endpoint's id {spec.endpoint!r} is not a short DNS label"
+        try:
+            ki.check_model_path(os.path.relpath(spec.model_path, spec.work_dir))
+        except ValueError as exc:
+            return str(exc)
+        return ""
+
+    def _replica_ready(self, timeout_s: float) -> dict[str, Any]:
+        """The replica's pod once it is ready; its objects deleted and ``BackendError`` if it ends or is not ready in
+        time (permanent where the server exited: it would again)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pod = self._read(self._object("Pod"))
+            code = ki.pod_exit(pod) if pod is not None else None
+            if pod is not None and code is None and ki.pod_ready(pod):
+                return pod
+            if pod is None:
+                problem, permanent = "the replica's pod was deleted before its server answered", False
+            elif code is not None:
+                problem, permanent = f"the server exited with code {code} before it answered: {self._log_tail()}", True
+            elif time.monotonic() >= deadline:
+                waiting = ki.pod_waiting(pod)
+                problem = f"the server did not answer within {timeout_s:g}s{f' ({waiting})' if waiting else ''}"
+                problem, permanent = f"{problem}: {self._log_tail()}", False
+            else:
+                time.sleep(self.poll_interval_s)
+                continue
+            self._end_replica(wait=True)
+            self._state["final"] = {"exit_code": code if code is not None else UNKNOWN_EXIT_CODE, "message": problem}
+            raise BackendError(problem, permanent=permanent)
+
+    def _log_tail(self, lines: int = 8) -> str:
+        """The last lines of the replica's server log, on one line ("no log" where there is none)."""
+        data = self._invoke(
+            client.CoreV1Api,
+            "read_namespaced_pod_log",
+            self._state["pod"],
+            self._state["namespace"],
+            container=ki.SERVER_CONTAINER,
+            tail_lines=lines,
+            ok=(400, 404),
+        )
+        text = (data or b"").decode("utf-8", "replace").strip()
+        return " | ".join(line for line in text.splitlines() if line.strip()) or "no log"
+
+    def _end_replica(self, *, wait: bool) -> None:
+        """Delete the replica's Pod and Secret (``wait``: until they are gone), then its endpoint's Service where no
+        other replica of the endpoint is left: none starting or running, that is, not ended nor being deleted."""
+        if wait:
+            self._delete_all(self._state["objects"])
+        else:
+            for ref in reversed(self._state["objects"]):
+                self._delete(ref)
+        owner = ki.serve_owner(self._state["workspace"], self.settings)
+        pods = self._list("Pod", self._state["namespace"], ki.endpoint_selector(owner, self._state["serves"]))
+        others = [
+            pod
+            for pod in pods
+            if pod["metadata"].get("name") != self._state["pod"]
+            and not pod["metadata"].get("deletionTimestamp")
+            and ki.pod_exit(pod) is None
+        ]
+        if not others:
+            self._delete(self._state["service"])
+
     def submit(self, spec: JobSpec) -> None:
         """Create a job's objects with its Job suspended: no pod exists until ``start()`` releases it.
 
@@ -806,7 +933,9 @@ class KubernetesBackend(Backend):
         logs, until its TTL). A notebook or an instance runs while its StatefulSet or Namespace exists (and
         a vcluster's installer has not failed). A Ray cluster runs while its RayCluster exists; a RayJob ends
         as ``kuberay_objects.job_outcome`` says, and then its Secret and policies are deleted (the RayJob stays,
-        with its submitter's log, as long as a Job: see ``sweep_orphans()``). An object under the workload's name
+        with its submitter's log, as long as a Job: see ``sweep_orphans()``). An inference replica runs while its pod
+        runs; once its server exited (the pod's code, with its last log lines) its Pod and Secret are deleted, and
+        its endpoint's Service with the last replica. An object under the workload's name
         that does not carry the portal's label is not the workload's. Within ``polling()``, from its LISTs.
         """
         if not self._state:
@@ -820,6 +949,7 @@ class KubernetesBackend(Backend):
             "notebook": self._poll_notebook,
             "instance": self._poll_instance,
             "ray": self._poll_ray,
+            "inference": self._poll_inference,
         }
         status = pollers[kind]()
         if not status.running:
@@ -830,6 +960,8 @@ class KubernetesBackend(Backend):
                 for ref in self._state["objects"]:
                     if ref["kind"] in ("Secret", "NetworkPolicy"):
                         self._delete(ref)
+            if kind == "inference":
+                self._end_replica(wait=False)
             self._state["final"] = {"exit_code": status.exit_code, "message": status.message, "ended_at": time.time()}
         return status
 
@@ -920,6 +1052,15 @@ class KubernetesBackend(Backend):
         ready = kro.cluster_ready(cluster, int(self._state["workers"]))
         return Status("running", message="ready" if ready else "not ready")
 
+    def _poll_inference(self) -> Status:
+        pod = self._current(self._object("Pod"))
+        if pod is None:
+            return Status("exited", UNKNOWN_EXIT_CODE, "the replica's pod was deleted outside the portal")
+        code = ki.pod_exit(pod)
+        if code is None:
+            return Status("running", message="ready" if ki.pod_ready(pod) else "not ready")
+        return Status("exited", code, f"the server exited with code {code}: {self._log_tail()}")
+
     def _poll_instance(self) -> Status:
         namespace = self._current(self._object("Namespace"))
         if namespace is None or namespace.get("status", {}).get("phase") == "Terminating":
@@ -935,13 +1076,17 @@ class KubernetesBackend(Backend):
     def stop(self, grace_s: float = 10.0) -> None:
         """Delete the workload's objects (Jobs and StatefulSets in the foreground, so their pods go first) and
         wait until the API server has none of them; a 404 is success. An instance's Namespace takes everything
-        in it along. Pods end with their own ``terminationGracePeriodSeconds``: ``grace_s`` is not passed on.
-        Raises ``BackendError`` (transient) if something is still being deleted after ``stop_timeout_s``.
+        in it along; an inference replica's endpoint Service goes with the endpoint's last replica. Pods end with
+        their own ``terminationGracePeriodSeconds``: ``grace_s`` is not passed on. Raises ``BackendError``
+        (transient) if something is still being deleted after ``stop_timeout_s``.
         """
         if not self._state or self._state.get("final"):
             return
         self._state["stopped"] = True
-        self._delete_all(self._state["objects"])
+        if self._state["kind"] == "inference":
+            self._end_replica(wait=True)
+        else:
+            self._delete_all(self._state["objects"])
         # A job, or a Ray cluster running its entrypoint, was cut short; an instance, notebook or Ray cluster ends so.
         cut_short = self._state["kind"] == "job" or self._state.get("ray_kind") == "RayJob"
         code = STOPPED_EXIT_CODE if cut_short else 0
@@ -951,14 +1096,15 @@ class KubernetesBackend(Backend):
 
     def logs(self, replica: int = 0, offset: int = 0) -> tuple[bytes, int]:
         """Up to 1 MiB of a replica's pod log from ``offset`` (a job's pod of that completion index, the
-        notebook's pod; a Ray cluster's replica 0 is its RayJob's submitter, whose log is the Ray job's output, or
-        its head, replicas 1.. its workers); ``(b"", offset)`` while there is no pod or no log yet, or once the
-        pod is gone. An instance has no log of its own."""
+        notebook's pod, an inference replica's server; a Ray cluster's replica 0 is its RayJob's submitter, whose log
+        is the Ray job's output, or its head, replicas 1.. its workers); ``(b"", offset)`` while there is no pod or
+        no log yet, or once the pod is gone. An instance has no log of its own."""
         kind = self._state.get("kind")
         replicas = {
             "job": int(self._state.get("replicas", 1)),
             "notebook": 1,
             "ray": 1 + int(self._state.get("workers", 0)),
+            "inference": 1,
         }.get(str(kind), 0)
         if not 0 <= replica < replicas:
             raise BackendError(f"no replica {replica}", permanent=True)
@@ -983,6 +1129,8 @@ class KubernetesBackend(Backend):
             return f"{self._state['stateful_set']}-0", "notebook"
         if self._state["kind"] == "ray":
             return self._ray_pod(replica)
+        if self._state["kind"] == "inference":
+            return self._state["pod"], ki.SERVER_CONTAINER
         pods = self._job_pods(replica)
         return (str(pods[-1]["metadata"]["name"]), "main") if pods else None
 

@@ -107,6 +107,10 @@ class KubeSettings:
     pod_fs_group: int = 100
     # The Pod Security Standards version the namespaces' labels pin: "latest", or a release such as "v1.37".
     pod_security_version: str = "latest"
+    # The PersistentVolume holding a workspace's directory, "{workspace}" filled in (e.g. "gp-files-{workspace}"):
+    # a read-only export of what the portal knows as the workspace's work_dir, which inference replicas mount their
+    # model from (kubernetes_inference). None: this cluster serves no models.
+    workspace_volume: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -122,6 +126,11 @@ class KubeSettings:
             problems.append(f"pod_security_version must be 'latest' or 'v1.<minor>', not {self.pod_security_version!r}")
         if not isinstance(self.ingress_namespace, str) or not _DNS_LABEL.match(self.ingress_namespace):
             problems.append(f"ingress_namespace must be a namespace name, not {self.ingress_namespace!r}")
+        if self.workspace_volume is not None and (
+            not isinstance(self.workspace_volume, str) or "{workspace}" not in self.workspace_volume
+        ):
+            volume = self.workspace_volume
+            problems.append(f"workspace_volume must name a volume per workspace ({{workspace}}), not {volume!r}")
         if problems:
             raise InvalidSettings("; ".join(problems))
 

@@ -42,6 +42,7 @@ from workers.backends.base import (
     BackendError,
     Endpoint,
     GpuInfo,
+    InferenceSpec,
     InstanceSpec,
     JobSpec,
     Keep,
@@ -54,7 +55,9 @@ from workers.backends.base import (
 from workers.backends.files import FileOutputs, check_reachable, dirs_between, prepare_dir, read_log
 from workers.backends.processes import (
     IDENTITY_MODULES,
+    INFERENCE_SOCKET_NAME,
     http_get,
+    inference_job,
     instance_job,
     kind_and_job,
     notebook_job,
@@ -64,7 +67,7 @@ from workers.backends.processes import (
     socket_url,
     wait_answering,
 )
-from workers.backends.pyenv import ensure_env, ensure_sdk_env
+from workers.backends.pyenv import ensure_env, ensure_sdk_env, ensure_serve_env
 from workers.backends.sandbox import Sandbox, check_available, filter_fd
 
 # What a workload takes from the portal's own environment: its locale and time zone. Never PATH,
@@ -344,6 +347,53 @@ class LocalBackend(FileOutputs):
         self._launch(job, environment, read_only=tuple(str(path) for path in raycluster.POD_FILES), kind="ray")
         return self._ray_joined(spec)
 
+    def start_inference(self, spec: InferenceSpec) -> Endpoint:
+        """An inference replica: its server (workers/backends/servers.py) from the server's own
+        environment (built once, like a notebook's), in the sandbox with the replica's GPUs, CPUs
+        and memory, listening on a Unix socket of its own as a notebook's server does (no TCP
+        port: nothing else can answer in its place). Returns once the server answers its health
+        check (the model loaded); stopped, and ``BackendError`` with its last log lines, if it
+        exits first or does not answer within ``spec.start_timeout_s``."""
+        if self._state and self._state.get("key") == spec.key and self._alive_ranks():
+            return self._notebook_endpoint()
+        if not self.env_root:
+            raise BackendError("the local backend has no environment directory for inference servers", permanent=True)
+        environment = ensure_serve_env(spec.server, Path(self.env_root))
+        job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
+        sock = server_socket(self.run_dir, job_dir).with_name(INFERENCE_SOCKET_NAME)
+        prepare_socket_dir(sock, spec.run_as)
+        self._launch(inference_job(spec, str(sock)), environment, kind="inference")
+        return self._server_answering(spec)
+
+    def _server_answering(self, spec: InferenceSpec) -> Endpoint:
+        """The replica's endpoint once its server answers its health check; stopped, and
+        ``BackendError`` with the server's last log lines, if it does not."""
+        from workers.backends import servers
+
+        endpoint = self._notebook_endpoint()
+        health = f"{endpoint.url}{servers.SERVERS[spec.server].health_path}"
+        auth = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        deadline = time.monotonic() + spec.start_timeout_s
+        problem, exited = "", False
+        while not problem:
+            if not self._alive_ranks():
+                problem = f"the server exited before it answered: {_tail(self._state['replicas'][0]['log'], 8)}"
+                exited = True
+                break
+            try:
+                if http_get(health, headers=auth, timeout=2)[0] == 200:
+                    return endpoint
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                tail = _tail(self._state["replicas"][0]["log"], 8)
+                problem = f"the server did not answer within {spec.start_timeout_s:g}s: {tail}"
+            time.sleep(0.1)
+        self._terminate(grace_s=self.teardown_grace_s, reason="the server did not start")
+        self._finish()
+        # A server that exits at start (a model it cannot load, a bad argument) would again.
+        raise BackendError(problem, permanent=exited)
+
     def _ray_joined(self, spec: RayClusterSpec) -> Endpoint:
         """The cluster's endpoint once its pod says every node joined and the dashboard answers
         through the socket with the token (or the cluster, having been ready, already ended: an
@@ -390,6 +440,8 @@ class LocalBackend(FileOutputs):
         """The socket of the notebook server (``start_notebook()``) or the Ray cluster's dashboard
         (``start_ray_cluster()``) this backend holds."""
         sock = server_socket(Path(self._state["run_dir"]).parent, Path(self._state["job_dir"]))
+        if self._state.get("kind") == "inference":
+            return sock.with_name(INFERENCE_SOCKET_NAME)
         return sock.with_name(raycluster.SOCKET_NAME) if self._state.get("kind") == "ray" else sock
 
     def _notebook_endpoint(self) -> Endpoint:
@@ -439,6 +491,8 @@ class LocalBackend(FileOutputs):
             return self._notebook_endpoint()
         if isinstance(spec, RayClusterSpec) and self._alive_ranks():
             return self._ray_joined(spec)
+        if isinstance(spec, InferenceSpec) and self._alive_ranks():
+            return self._server_answering(spec)
         return self._endpoint()
 
     def _workspace_dir(self, spec: JobSpec) -> Path:
@@ -476,7 +530,7 @@ class LocalBackend(FileOutputs):
 
     def _sandbox(self, spec: JobSpec, devices: list[str]) -> Sandbox:
         # A notebook's server, or a Ray cluster's pod, also writes its socket's directory.
-        sockets = [str(self._server_socket().parent)] if self._state["kind"] in ("notebook", "ray") else []
+        sockets = [str(self._server_socket().parent)] if self._state["kind"] in ("notebook", "ray", "inference") else []
         return Sandbox(
             writable=[self._state["workspace_dir"], *sockets],
             read_only=list(self._read_only),
@@ -579,7 +633,7 @@ class LocalBackend(FileOutputs):
             os.close(log)
 
     def _endpoint(self) -> Endpoint:
-        if self._state.get("kind") == "ray":
+        if self._state.get("kind") in ("ray", "inference"):
             return self._notebook_endpoint()  # its dashboard's socket
         return Endpoint(host="127.0.0.1", port=int(self._state["port"]))
 

@@ -27,7 +27,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from workers.backends.base import BackendError, InstanceSpec, JobSpec, NotebookSpec, RunAs, Spec
+from workers.backends.base import BackendError, InferenceSpec, InstanceSpec, JobSpec, NotebookSpec, RunAs, Spec
 from workers.backends.pyenv import landing_path
 
 # Where portal_identity.py lives: named by the server's PYTHONPATH, which the launcher below puts on
@@ -68,6 +68,8 @@ _SERVER_ENV = (
 
 #: The local backend's notebook servers listen on a Unix socket of this name (``server_socket()``).
 SOCKET_NAME = "jupyter.sock"
+#: The socket an inference replica's server listens on, beside where a notebook's would be.
+INFERENCE_SOCKET_NAME = "server.sock"
 #: The longest path a Unix socket can have (``sun_path`` holds 108 bytes, the last a NUL).
 MAX_SOCKET_PATH = 107
 UNIX_SCHEME = "http+unix"
@@ -167,6 +169,34 @@ def notebook_job(spec: NotebookSpec, env_dir: Path, *, ip: str = "", sock: str =
     )
 
 
+def inference_job(spec: InferenceSpec, sock: str = "") -> JobSpec:
+    """The job that runs an inference replica's server on the Unix socket ``sock``, with its GPUs."""
+    from workers.backends import servers
+
+    argv, env = servers.command(
+        spec.server,
+        model_path=spec.model_path,
+        socket_path=sock,
+        served_name=spec.served_name,
+        cpu_cores=max(1, int(spec.cpu_cores)),
+        extra_args=list(spec.extra_args),
+        api_key=spec.api_key,
+    )
+    return JobSpec(
+        key=spec.key,
+        workspace=spec.workspace,
+        name=spec.name,
+        command="exec " + shlex.join(argv),
+        work_dir=spec.work_dir,
+        env=env,
+        devices=[spec.devices],
+        cpu_cores=spec.cpu_cores,
+        memory_gb=spec.memory_gb,
+        run_as=spec.run_as,
+        disk=spec.disk,
+    )
+
+
 def kind_and_job(spec: Spec) -> tuple[str, JobSpec]:
     """What a spec runs as, as far as finding it again goes (``adopt()``): its kind (``job``,
     ``instance``, ``notebook``) and the job's key, work directory, replicas and devices. A notebook's
@@ -176,6 +206,8 @@ def kind_and_job(spec: Spec) -> tuple[str, JobSpec]:
     if isinstance(spec, NotebookSpec):
         server = JobSpec(spec.key, spec.workspace, spec.name, "", spec.work_dir, devices=[spec.devices])
         return "notebook", server
+    if isinstance(spec, InferenceSpec):
+        return "inference", JobSpec(spec.key, spec.workspace, spec.name, "", spec.work_dir, devices=[spec.devices])
     if not isinstance(spec, JobSpec):  # a Ray cluster: its backend lowers it to a job itself first
         raise BackendError(f"no job to find for a {type(spec).__name__}", permanent=True)
     return "job", spec

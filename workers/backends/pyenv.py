@@ -3,7 +3,8 @@
 A notebook's environment lives in ``<root>/<digest>/`` where the digest names the Python version,
 the sorted requirements and the portal's SDK, so every notebook of a profile shares one. Jobs and
 instances get the SDK's own environment, ``<root>/sdk-<digest>/``: the SDK on top of the Python's
-own packages; Ray clusters on Slurm the Ray environment, ``<root>/ray-<digest>/``. Every
+own packages; Ray clusters on Slurm the Ray environment, ``<root>/ray-<digest>/``; an inference
+endpoint's replicas the environment of their model server, ``<root>/serve-<kind>-<digest>/``. Every
 environment has the portal's SDK and CLI (the ``gpuportal`` package, installed from this
 checkout's ``sdk/``), so that a workload can drive the portal at once with the ``GPUPORTAL_*``
 variables its backend sets.
@@ -20,6 +21,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import stat
@@ -27,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workers.backends import servers
 from workers.backends.base import BackendError, PolicyRefusal
 
 # What a notebook server needs, added to a profile's list unless it names its own version:
@@ -144,6 +147,41 @@ def ensure_ray_env(root: Path, python: str = sys.executable) -> Path:
     return _ensure(target, python, [RAY_REQUIREMENT], system_site_packages=False)
 
 
+# How pip builds llama-cpp-python, which PyPI has as source only: for CPUs, and portable (no
+# -march=native: the environment may be shared by machines of different CPUs), without the
+# multimodal library and llama.cpp's own programs, which the server does not use. pip keeps the
+# wheel it builds in its cache (~/.cache/pip): the next environment with it installs in seconds.
+# pip's cache knows the source, not these flags: changing them needs that wheel removed
+# (pip cache remove llama_cpp_python), else the wheel built with the old ones is installed.
+LLAMACPP_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAVA_BUILD=OFF "
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+)
+
+
+def _serve_env_dir(kind: str, root: Path, python: str) -> tuple[Path, list[str]]:
+    if kind not in servers.SERVERS:
+        raise PolicyRefusal(f"{kind!r} is not a server kind (one of {', '.join(servers.SERVERS)})")
+    requirements = list(servers.SERVERS[kind].requirements)
+    # The build flags name the environment too: other flags, another environment.
+    digest = env_digest([*requirements, f"CMAKE_ARGS={LLAMACPP_CMAKE_ARGS}"], python)
+    return root / f"serve-{kind}-{digest}", requirements
+
+
+def serve_env_is_built(kind: str, root: Path, python: str = sys.executable) -> bool:
+    """Whether ``ensure_serve_env`` would return at once, the environment of ``kind`` being built."""
+    return (_serve_env_dir(kind, root, python)[0] / ".ready").exists()
+
+
+def ensure_serve_env(kind: str, root: Path, python: str = sys.executable) -> Path:
+    """Return the directory of the environment of the model server ``kind`` (``servers.SERVERS``):
+    its pinned packages and the portal's SDK, built once like ``ensure_env``. llama-cpp-python is
+    compiled on the first build (minutes), with every CPU of this machine."""
+    target, requirements = _serve_env_dir(kind, root, python)
+    build_env = {"CMAKE_ARGS": LLAMACPP_CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
+    return _ensure(target, python, requirements, system_site_packages=False, build_env=build_env)
+
+
 # JupyterLab's defaults for every user of an environment (its overrides.json): no prompt asking a
 # new user whether to fetch Jupyter's news from outside, and no such fetches.
 LAB_SETTINGS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
@@ -160,7 +198,14 @@ def _lab_settings(env: Path) -> None:
             (env / path).chmod(0o755 if (env / path).is_dir() else 0o644)
 
 
-def _ensure(target: Path, python: str, requirements: list[str], *, system_site_packages: bool) -> Path:
+def _ensure(
+    target: Path,
+    python: str,
+    requirements: list[str],
+    *,
+    system_site_packages: bool,
+    build_env: dict[str, str] | None = None,
+) -> Path:
     if (target / ".ready").exists():
         with contextlib.suppress(OSError):  # not ours to change: JupyterLab keeps its defaults
             _lab_settings(target)  # an environment built before it was written
@@ -178,7 +223,7 @@ def _ensure(target: Path, python: str, requirements: list[str], *, system_site_p
             _run([python, "-m", "venv", *(["--system-site-packages"] if system_site_packages else []), str(building)])
             pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
             # One resolution for the profile's packages and the SDK's, so that they agree.
-            _run([*pip, *requirements, str(SDK_SOURCE)])
+            _run([*pip, *requirements, str(SDK_SOURCE)], build_env)
             installed = [*requirements, f"{SDK_NAME}=={sdk_version()}"]
             (building / "requirements.txt").write_text("\n".join(installed) + "\n")
             _lab_settings(building)
@@ -217,9 +262,10 @@ def _readable_by_all(root: Path) -> None:
         path.chmod((mode | extra) & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], extra_env: dict[str, str] | None = None) -> None:
+    env = {**os.environ, **extra_env} if extra_env else None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
         raise BackendError(f"building the Python environment timed out: {' '.join(argv[:4])}", permanent=False) from exc
     if done.returncode != 0:

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from apps.inference import scaling
 from apps.monitoring.cycles import timed_cycle
 from apps.scheduling import whatif
 from apps.scheduling.adapter import requeue_unready_gangs
@@ -22,8 +23,8 @@ logger = logging.getLogger(__name__)
 class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
-        "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, and run a "
-        "scheduling cycle; every 5 seconds "
+        "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, scale inference "
+        "endpoints, and run a scheduling cycle; every 5 seconds "
         "send open pages the live-update heartbeat that tells them updates reach them, and keep up the "
         "workspaces' disks on this machine."
     )
@@ -54,6 +55,7 @@ class Command(BaseCommand):
                 requeue_unready_gangs()
                 telemetry.upkeep()
                 whatif.upkeep()
+                scaling.upkeep()
                 result = timed_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
