@@ -9,7 +9,9 @@ compared with its actual start. Writes OUT/estimates.json (the replay's metrics,
 that started before their estimate, the CPU time per estimating cycle, the wall time) and prints
 the estimate figures. `--skip N` leaves out the trace file's first N jobs and `--limit N` keeps the
 next N (a slice); `--teams` keeps only those teams' jobs and quotas (a smaller cluster). Other
-replay options after the known ones (e.g. --min-runtime-s 600) go to the replay.
+replay options after the known ones (e.g. --min-runtime-s 600) go to the replay. The traces' folder
+is `--traces`, else the environment variable PORTAL_TRACES_DIR, else ../shared/traces beside the
+checkout; `bench/synthetic.py FOLDER` writes a synthetic trace in the same shape there.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def measure(
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    traces = os.environ.get("PORTAL_TRACES_DIR") or ROOT.parent / "shared" / "traces"
+    p.add_argument("--traces", type=Path, default=Path(traces))
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     p.add_argument("--skip", type=int, default=0, help="leave out the trace file's first N jobs")
     p.add_argument("--limit", type=int, default=None, help="then keep only N jobs")

@@ -210,7 +210,9 @@ class Engine:
         # queue refused at once, a refusal's reason reused); the same decisions and reasons, slower
         # (tests compare the two, with the ledger's remembered answers off too).
         self.shortcuts = True
-        self.preemption = Preemption(policy, self.ledger, self.running_by, self.priorities, self._try_place)
+        self.preemption = Preemption(
+            policy, self.ledger, self.running_by, self.priorities, self._try_place, self._pools_for
+        )
         # Whether the last cycle left work that may preempt without a search, its searches used up
         # (max_preemption_tries): a later cycle may decide otherwise even if nothing else changes.
         self.cut_short = False
@@ -240,7 +242,7 @@ class Engine:
         self.running_by[w.workspace, w.gpu_type][w.key] = running
         for node, _ in running.held:
             self.on_node[node][w.key] = running
-        self.preemption.changed(w.workspace, w.gpu_type, stopped=False)
+        self.preemption.changed(running, stopped=False)
         self.priorities[w.workspace, w.gpu_type][w.priority] += 1
 
     def _stop(self, key: str) -> _Running:
@@ -248,7 +250,7 @@ class Engine:
         del self.running_by[running.workload.workspace, running.workload.gpu_type][key]
         for node, _ in running.held:
             self.on_node[node].pop(key, None)
-        self.preemption.changed(running.workload.workspace, running.workload.gpu_type, stopped=True)
+        self.preemption.changed(running, stopped=True)
         priorities = self.priorities[running.workload.workspace, running.workload.gpu_type]
         priorities[running.workload.priority] -= 1
         if not priorities[running.workload.priority]:
@@ -374,6 +376,7 @@ class Engine:
         self.held_until.clear()
         self.unplaceable.clear()
         self.fits_something.clear()
+        self.preemption.new_pass()  # what its searches found holds in this pass only
         if explain:
             self._explain(now, decisions, reasons)
         return decisions
@@ -759,9 +762,12 @@ class Engine:
         """Within nominal quota before borrowing; in each, a gang starving past `starvation_s` goes
         first (else work ranked before it takes the nodes it holds), then the lower fair share."""
         workload = self.pending[key]
-        units = workload.units
-        within = self.ledger.used[name, workload.gpu_type] + units <= self.ledger.nominal(name, workload.gpu_type)
-        return (2 * (0 if within else 1) + (0 if self._starving(workload) else 1), self._share(name), name)
+        gpu_type = workload.gpu_type
+        within = self.ledger.used[name, gpu_type] + workload.units <= self.ledger.nominal(name, gpu_type)
+        share = self.shares.get(name)
+        if share is None:
+            share = self._share(name)
+        return (2 * (0 if within else 1) + (0 if self._starving(workload) else 1), share, name)
 
     def _entitled(self, workload: Workload) -> bool:
         """Work that fits its workspace's nominal quota as it stands while another workspace uses, or

@@ -225,9 +225,14 @@ class StartEstimates:
         # parked on it, out of the heap, until work it holds ends.
         heaps: dict[str, list[tuple[int, float, tuple[str, str], int]]] = {}
         parked: dict[Scope, list[_Group]] = {}
+        # Per type, the least any waiting workload asks: with less room than that, none can start (the
+        # least only grows as work starts), and the groups are not looked at.
+        least_need: dict[str, int] = {}
         for group in groups.values():
             if group.needs:
                 heaps.setdefault(group.key[1], []).append(self._rank(group, order, used))
+                gpu_type = group.key[1]
+                least_need[gpu_type] = min(least_need.get(gpu_type, group.needs[0]), group.needs[0])
         for heap in heaps.values():
             heapq.heapify(heap)
         moment = now
@@ -236,7 +241,12 @@ class StartEstimates:
                 gpus: Scope = ("type", gpu_type)
                 skipped = []
                 entry: tuple[int, float, tuple[str, str], int] | None = None
+                floor = least_need[gpu_type]
                 while entry is not None or heap:
+                    if room[gpus] < floor:  # no waiting workload of the type fits: none starts now
+                        if entry is not None:
+                            skipped.append(entry)
+                        break
                     if entry is None:
                         entry = heappop(heap)
                     group = groups[entry[2]]

@@ -47,10 +47,10 @@ class Ledger:
         return limits
 
     def nominal(self, name: str, gpu_type: str) -> int:
-        key = (name, gpu_type)
-        if key not in self.nominal_of:
-            self.nominal_of[key] = self._limits(name, gpu_type)[0]
-        return self.nominal_of[key]
+        nominal = self.nominal_of.get((name, gpu_type))
+        if nominal is None:
+            nominal = self.nominal_of[name, gpu_type] = self._limits(name, gpu_type)[0]
+        return nominal
 
     def _contribution(self, name: str, gpu_type: str, used: int) -> tuple[int, int]:
         nominal, _, lending_limit = self._limits(name, gpu_type)
@@ -71,12 +71,18 @@ class Ledger:
         if cohort is None:
             return
         # What it adds to the cohort's idle to lend and to its borrowed, before and after (as _contribution).
-        nominal, _, lending_limit = self._limits(name, gpu_type)
-        idle, idle_after = (max(0, nominal - used) if known else 0), max(0, nominal - after)
+        limits = self.limits_of.get(key) or self._limits(name, gpu_type)
+        nominal, lending_limit = limits[0], limits[2]
+        idle = nominal - used if known and used < nominal else 0
+        idle_after = nominal - after if after < nominal else 0
         if lending_limit is not None:
             idle, idle_after = min(idle, lending_limit), min(idle_after, lending_limit)
-        self.lend[cohort, gpu_type] += idle_after - idle
-        self.borrowed[cohort, gpu_type] += max(0, after - nominal) - (max(0, used - nominal) if known else 0)
+        over = used - nominal if known and used > nominal else 0
+        over_after = after - nominal if after > nominal else 0
+        if idle_after != idle:
+            self.lend[cohort, gpu_type] += idle_after - idle
+        if over_after != over:
+            self.borrowed[cohort, gpu_type] += over_after - over
 
     def register(self, name: str, gpu_type: str) -> None:
         """Count an idle workspace's quota as lendable before anything runs."""

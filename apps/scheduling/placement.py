@@ -103,6 +103,7 @@ class Pool:
     def _change(self, node: PoolNode, devices: list[tuple[int, int]], sign: int) -> None:
         before = whole = node.whole
         free = node.free
+        total = 0
         for position, share in devices:
             old = free[position]
             new = old + sign * share
@@ -115,7 +116,8 @@ class Pool:
             elif new:
                 self._add_partial(new, (node.name, position))
             free[position] = new
-            self.free_units += sign * share
+            total += share
+        self.free_units += sign * total
         if whole != before:
             node.whole = whole
             if node.name not in self.held:

@@ -27,6 +27,8 @@ from apps.scheduling.placement import Pool, PoolNode
 from apps.scheduling.types import UNIT, Policy, Preempt, Workload
 
 EMPTY: frozenset[str] = frozenset()
+# How many of the cheapest victims `_fewest_for_quota` tries one at a time before a binary search.
+FIRST_ONE_BY_ONE = 2
 Search = tuple[str, str, int, bool, str | None, float | None, bool]  # what a search's candidates depend on
 Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, thousandths)]) per replica
 
@@ -50,6 +52,53 @@ def _started_by(ranked: list[Ranked], latest: float) -> list[Ranked]:
     return kept
 
 
+class _Placeable:
+    """How many replicas of `count` whole devices each pool places, as victims are given back, counted
+    without giving anything back. A pool places `n` replicas of `count` devices exactly when its nodes
+    that are not held have that many whole free devices in all, counted node by node in multiples of
+    `count`: each replica takes `count` of one node's, whichever node it takes."""
+
+    __slots__ = ("count", "places", "free", "whole", "overfull")
+
+    def __init__(self, pools: list[Pool], count: int) -> None:
+        self.count = count
+        self.places: dict[int, int] = {}  # per pool (its id): the replicas its free devices hold
+        for pool in pools:
+            buckets = pool.buckets
+            self.places[id(pool)] = sum(len(buckets[w].members) * (w // count) for w in range(count, len(buckets)))
+        self.free: dict[tuple[int, int], int] = {}  # per (node's id, position): its free share once given back
+        self.whole: dict[int, int] = {}  # per node's id: its whole free devices once given back
+        # Whether a device would have more free than a whole one (a snapshot whose running work holds
+        # devices its nodes count as free): the count no longer says what placing would, and callers
+        # place to find out.
+        self.overfull = False
+
+    def fits(self, replicas: int) -> bool:
+        return any(n >= replicas for n in self.places.values())
+
+    def give(self, running: RunningWork) -> None:
+        """Count `running`'s devices as given back."""
+        pool = running.pool
+        if pool is None or id(pool) not in self.places:
+            return
+        count, free, whole = self.count, self.free, self.whole
+        for node, devices in running.held:
+            if node.name in pool.held:
+                continue
+            before = after = whole.get(id(node), node.whole)
+            for position, units in devices:
+                device = (id(node), position)
+                left = free.get(device, node.free[position])
+                free[device] = left + units
+                if left + units > UNIT:
+                    self.overfull = True
+                elif left + units == UNIT:
+                    after += 1
+            if after != before:
+                whole[id(node)] = after
+                self.places[id(pool)] += after // count - before // count
+
+
 class RunningWork(Protocol):
     """A running workload as the engine keeps it: what it holds, and where."""
 
@@ -71,7 +120,7 @@ class Preemption:
 
     `running_by` and `priorities` are the engine's running workloads and their priorities per
     (workspace, GPU type); `place` is the engine's placement of a workload on the free devices
-    (taking them: what it returns is given back here)."""
+    (taking them: what it returns is given back here), and `pools` the pools it places it in."""
 
     def __init__(
         self,
@@ -80,8 +129,10 @@ class Preemption:
         running_by: Mapping[tuple[str, str], Mapping[str, RunningWork]],
         priorities: Mapping[tuple[str, str], Counter[int]],
         place: Callable[[Workload], tuple[Pool, Placed] | None],
+        pools: Callable[[Workload], list[Pool]],
     ) -> None:
         self.policy = policy
+        self.pools = pools
         self.ledger = ledger
         self.running_by = running_by
         self.priorities = priorities
@@ -94,7 +145,7 @@ class Preemption:
         self.failed: dict[Search, list[tuple[int, int, frozenset[tuple[str, int]]]]] = defaultdict(list)
         # Each workspace's victims in cost order, per GPU type, until its running work changes (see _ranked).
         self.ranked: dict[tuple[str, str], list[Ranked]] = {}
-        # The victims found per kind of search in this pass, until work is evicted (see changed).
+        # The victims found per kind of search in this pass, less those evicted since (see changed).
         self.found: dict[tuple[str, str, int, bool, frozenset[str], float], list[RunningWork]] = {}
 
     def may_preempt_for(self, workload: Workload) -> bool:
@@ -127,7 +178,9 @@ class Preemption:
         victims = self._within(everyone, budget)[: self.policy.max_victims]
         needed = self._fewest_that_fit(workload, victims) if victims else None
         if needed is None:  # the cheapest few cannot: choose node by node
-            chosen = self._minimal(workload, self.by_node(workload, everyone, budget)) if victims else []
+            chosen = []
+            if victims and (not self._monotone(workload, everyone) or self._quota_fits_without(workload, everyone)):
+                chosen = self._minimal(workload, self.by_node(workload, everyone, budget))
             if not chosen:
                 self.failed[search].append((share, replicas, borrowers))
             return chosen
@@ -146,6 +199,8 @@ class Preemption:
         """`chosen` without the victims the others already make room without (costliest first); each
         is given back and taken again a constant number of times."""
         kept = list(chosen)
+        if len(kept) < 2:
+            return kept
         for running in chosen:
             self._give_back(running)
         try:
@@ -323,16 +378,22 @@ class Preemption:
         if share < UNIT:
             return Preemption._free_share_on(node, share, victims)
         count = share // UNIT
-        free = list(node.free)
+        free = node.free
+        whole = sum(1 for f in free if f >= UNIT)  # whole free devices, counted as victims free more
+        if whole >= count:
+            return []
+        freed: dict[int, int] = {}  # per device position, what the victims so far hold there
         plan: list[RunningWork] = []
-        for running in [None, *victims]:
-            if running is not None:
-                plan.append(running)
-                for held_node, devices in running.held:
-                    if held_node is node:
-                        for position, units in devices:
-                            free[position] += units
-            if sum(1 for f in free if f >= UNIT) >= count:
+        for running in victims:
+            plan.append(running)
+            for held_node, devices in running.held:
+                if held_node is node:
+                    for position, units in devices:
+                        before = free[position] + freed.get(position, 0)
+                        freed[position] = before + units - free[position]
+                        if before < UNIT <= before + units:
+                            whole += 1
+            if whole >= count:
                 return plan
         return None
 
@@ -398,13 +459,17 @@ class Preemption:
             chosen = [running for running in chosen if running.workload.key not in spared]
         return chosen
 
-    def changed(self, name: str, gpu_type: str, stopped: bool) -> None:
-        """A workload of `name` of `gpu_type` started or stopped: its victims are ranked again, and
-        once work stopped (evicted), every search's victims are found again. Work started in a pass is
-        never a victim in it (too young, and spared): what was found holds until then."""
-        self.ranked.pop((name, gpu_type), None)
+    def changed(self, running: RunningWork, stopped: bool) -> None:
+        """`running` started or stopped: its workspace's victims of its type are ranked again, and once
+        it stopped (evicted), it leaves every search's victims found (what is left is what finding
+        them again would give: each workspace's work in the same order, less it). Work started in a
+        pass is never a victim in it (too young, and spared): what was found holds until then."""
+        workload = running.workload
+        self.ranked.pop((workload.workspace, workload.gpu_type), None)
         if stopped:
-            self.found.clear()
+            for found in self.found.values():
+                if running in found:
+                    found.remove(running)
 
     def new_pass(self) -> None:
         """A pass begins: nothing it knew of failed searches or victims holds any longer."""
@@ -448,6 +513,9 @@ class Preemption:
 
     def fits_without(self, workload: Workload, victims: list[RunningWork]) -> bool:
         """Whether `workload` would fit, quota and devices, were `victims` gone; nothing changes."""
+        counted = self._fits_without_counted(workload, victims)
+        if counted is not None:
+            return counted
         for running in victims:
             self._give_back(running)
         try:
@@ -456,20 +524,138 @@ class Preemption:
             for running in victims:
                 self._take_again(running)
 
+    def _monotone(self, workload: Workload, victims: list[RunningWork]) -> bool:
+        """Whether evicting more of `victims` never lets quota take `workload` less: it is within its
+        workspace's nominal quota already, or it would still be above it with all of its own
+        workspace's work among them gone. Other workspaces' work given back only adds to what its
+        cohort has idle and takes from what it has borrowed, and its own, given back while it is
+        within its nominal quota, leaves more of that quota idle, or, while it stays above, asks
+        less of what the others lend; but its own, given back while it borrows, may bring it within
+        its nominal quota, where it is refused while that quota is lent to others."""
+        name, gpu_type = workload.workspace, workload.gpu_type
+        used, nominal = self.ledger.used[name, gpu_type] + workload.units, self.ledger.nominal(name, gpu_type)
+        if used <= nominal:
+            return True
+        return used - sum(running.units for running in victims if running.workload.workspace == name) > nominal
+
+    def _quota_fits_without(self, workload: Workload, victims: list[RunningWork]) -> bool:
+        """Whether quota would let `workload` in were all of `victims` gone, whatever their budgets:
+        where it would not and they are `_monotone`, no choice among them does, and no search succeeds.
+        Only the ledger is asked, with what each workspace would give back added up; nothing changes."""
+        ledger, gpu_type = self.ledger, workload.gpu_type
+        freed: dict[str, int] = defaultdict(int)
+        for running in victims:
+            freed[running.workload.workspace] += running.units
+        for ws, units in freed.items():
+            ledger.add(ws, gpu_type, -units)
+        try:
+            return ledger.check(workload, workload.units)[0]
+        finally:
+            for ws, units in freed.items():
+                ledger.add(ws, gpu_type, units)
+
     def _fewest_that_fit(self, workload: Workload, victims: list[RunningWork]) -> int | None:
         """The shortest start of `victims` whose eviction makes room for `workload` (its length), or
-        None if all of them do not; each victim is given back once, and taken again at the end."""
+        None if all of them do not: one more victim given back at a time, until it fits.
+
+        Where none of them is the workload's own workspace's (`_monotone`), more victims never let
+        quota take it less: quota is asked first, of the ledger alone (`_fewest_for_quota`), and no
+        shorter start makes room. Then devices are counted, nothing given back, where they can be
+        (`_fewest_to_place`): the longer of the two starts is the answer. Otherwise one victim at
+        a time from there, as before."""
+        least = 1
+        if not workload.more and self._monotone(workload, victims):
+            found = self._fewest_for_quota(workload, victims)
+            if found is None:
+                return None
+            least = found
+            counted = self._fewest_to_place(workload, victims)
+            if counted is not None:
+                return None if counted < 0 else max(least, counted)
         given = 0
         try:
             for running in victims:
                 self._give_back(running)
                 given += 1
-                if self._fits(workload):
+                if given >= least and self._fits(workload):
                     return given
             return None
         finally:
             for running in victims[:given]:
                 self._take_again(running)
+
+    def _counted(self, workload: Workload) -> _Placeable | None:
+        """What counts the devices freed for `workload`, if it is work of one shape of whole devices
+        that may not backfill held nodes; None for other work (it is placed to find out)."""
+        share = workload.replica_units
+        if workload.more or share < UNIT or share % UNIT:
+            return None
+        pools = self.pools(workload)
+        if workload.max_runtime_s is not None and any(pool.held for pool in pools):
+            return None
+        return _Placeable(pools, share // UNIT)
+
+    def _fewest_to_place(self, workload: Workload, victims: list[RunningWork]) -> int | None:
+        """The shortest start of `victims` (at least one) whose eviction leaves room to place
+        `workload`, -1 if all of them do not, by counting (`_Placeable`), with nothing given back;
+        None for work that is placed to find out."""
+        counted = self._counted(workload)
+        if counted is None:
+            return None
+        for at, running in enumerate(victims, 1):
+            counted.give(running)
+            if counted.overfull:
+                return None
+            if counted.fits(workload.replicas):
+                return at
+        return -1
+
+    def _fits_without_counted(self, workload: Workload, victims: list[RunningWork]) -> bool | None:
+        """`fits_without` by counting, nothing given back; None for work that is placed to find out."""
+        counted = self._counted(workload)
+        if counted is None:
+            return None
+        for running in victims:
+            counted.give(running)
+        if counted.overfull:
+            return None
+        return counted.fits(workload.replicas) and self._quota_fits_without(workload, victims)
+
+    def _fewest_for_quota(self, workload: Workload, victims: list[RunningWork]) -> int | None:
+        """The shortest start of `victims` (at least one) whose eviction lets quota take `workload`,
+        or None if all of them do not; the ledger alone is changed, and left as it was. All of them
+        first (`_quota_fits_without`), then the first few one by one, then a binary search."""
+        if not self._quota_fits_without(workload, victims):
+            return None
+        ledger, gpu_type, units = self.ledger, workload.gpu_type, workload.units
+        given = 0
+
+        def move(to: int) -> None:
+            nonlocal given
+            while given < to:
+                ledger.add(victims[given].workload.workspace, gpu_type, -victims[given].units)
+                given += 1
+            while given > to:
+                given -= 1
+                ledger.add(victims[given].workload.workspace, gpu_type, victims[given].units)
+
+        try:
+            low, high = 0, len(victims)  # victims[:high] make room for quota; victims[:low] do not
+            while low < min(high - 1, FIRST_ONE_BY_ONE):  # the first few one by one: the common answer
+                move(low + 1)
+                if ledger.check_units(workload.workspace, gpu_type, units)[0]:
+                    return given
+                low += 1
+            while high - low > 1:
+                middle = (low + high) // 2
+                move(middle)
+                if ledger.check_units(workload.workspace, gpu_type, units)[0]:
+                    high = middle
+                else:
+                    low = middle
+            return high
+        finally:
+            move(0)
 
     def _fits(self, workload: Workload) -> bool:
         fits, _, _ = self.ledger.check(workload, workload.units)

@@ -1,31 +1,47 @@
-"""How close estimated starts come to what happens: bench/estimates.py on the first 10,000 jobs of
-the Philly trace (about 13 s of CPU), held to bounds around what it measured when the estimates
-began to play the line forward as the portal admits (docs/benchmarks.md, "Estimated starts
-against what happened"). Before that, on the same slice: median error 4,274 s, 90th percentile
-32,819 s, 95% of jobs started before their estimate."""
+"""How close estimated starts come to what happens: bench/estimates.py's measurement, held to bounds
+around what it measured when the estimates began to play the line forward as the portal admits
+(docs/benchmarks.md, "Estimated starts against what happened").
+
+Two traces. The first 10,000 jobs of the Philly trace (about 13 s of CPU), read from the folder
+named by the environment variable PORTAL_TRACES_DIR, else from ../shared/traces beside the
+checkout (bench/estimates.py's default); where neither holds it, that test measures the synthetic
+trace instead, so that it never skips. And always, a synthetic trace in the Philly trace's shape
+(bench/synthetic.py: 6,000 jobs, seed 1, about 5 s of CPU), written at test time.
+
+Before the line was played forward as the portal admits, on the Philly slice: median error
+4,274 s, 90th percentile 32,819 s, 95% of jobs started before their estimate; on the synthetic
+trace: median 1,303 s, 90th percentile 5,790.5 s, 7.4% started before their estimate with no
+play forward at all, and median 756.25 s, 28.9% before with the strict queue order."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
-
-import pytest
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces"  # bench/estimates.py's default
-JOBS = 10_000
+TRACES = Path(os.environ.get("PORTAL_TRACES_DIR") or ROOT.parent / "shared" / "traces")
+PHILLY_JOBS = 10_000
+SYNTHETIC_JOBS, SYNTHETIC_SEED = 6_000, 1
 
-# Measured on this slice (2026-11-27): 2,936 jobs waited, all with an estimate; median |start -
+# Measured on the Philly slice (2026-11-27): 2,936 jobs waited, all with an estimate; median |start -
 # estimate| 784 s, 90th percentile 4,773.5 s, 33.0% started before their estimate.
-MEDIAN_AT_MOST_S = 1_200.0
-P90_AT_MOST_S = 7_200.0
-BEFORE_BETWEEN = (0.20, 0.46)
+PHILLY = {"waited_over": 2_500, "median_at_most_s": 1_200.0, "p90_at_most_s": 7_200.0, "before": (0.20, 0.46)}
+# Measured on the synthetic trace (2026-11-27): 2,426 jobs waited, all with an estimate; median 463 s,
+# 90th percentile 5,205.75 s, 22.1% started before their estimate. Its 90th percentile is mostly the
+# runtimes' (each run expected to last its team's median): with no play forward at all (every
+# workload estimated as if alone in line) it rose to 5,790.5 s only, so its margin is narrower than
+# the others' (the figures are exact: simulated time, a fixed seed), to fail on that.
+SYNTHETIC = {"waited_over": 2_000, "median_at_most_s": 700.0, "p90_at_most_s": 5_600.0, "before": (0.12, 0.34)}
 
 
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_estimates", ROOT / "bench" / "estimates.py")
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -33,14 +49,33 @@ def bench() -> ModuleType:
     return module
 
 
-@pytest.mark.skipif(not (TRACES / "philly_vc_jobs.csv").exists(), reason=f"no Philly trace in {TRACES}")
-def test_estimates_on_a_slice_of_the_philly_trace_stay_within_their_recorded_bounds() -> None:
-    result = bench().measure(TRACES, [], limit=JOBS)
-    metrics = result["metrics"]
+@functools.cache
+def synthetic_result() -> dict[str, Any]:
+    """The synthetic trace's measurement, once per test run (both tests may ask for it)."""
+    with tempfile.TemporaryDirectory() as folder:
+        traces = load("synthetic").write(Path(folder), seed=SYNTHETIC_SEED, count=SYNTHETIC_JOBS)
+        result: dict[str, Any] = load("estimates").measure(traces, [])
+    assert result["jobs"] == SYNTHETIC_JOBS
+    return result
 
-    assert result["jobs"] == JOBS
-    assert metrics["estimated_starts"] > 2_500 and metrics["unknown_starts"] == 0
-    assert metrics["p50_estimate_error_s"] <= MEDIAN_AT_MOST_S
-    assert metrics["p90_estimate_error_s"] <= P90_AT_MOST_S
-    low, high = BEFORE_BETWEEN
+
+def check(result: dict[str, Any], bounds: dict[str, Any]) -> None:
+    metrics = result["metrics"]
+    assert metrics["estimated_starts"] > bounds["waited_over"] and metrics["unknown_starts"] == 0
+    assert metrics["p50_estimate_error_s"] <= bounds["median_at_most_s"]
+    assert metrics["p90_estimate_error_s"] <= bounds["p90_at_most_s"]
+    low, high = bounds["before"]
     assert low <= result["started_before_estimate"] <= high
+
+
+def test_estimates_on_a_slice_of_the_philly_trace_stay_within_their_recorded_bounds() -> None:
+    if not (TRACES / "philly_vc_jobs.csv").exists():  # no Philly trace here: the synthetic one stands in
+        check(synthetic_result(), SYNTHETIC)
+        return
+    result = load("estimates").measure(TRACES, [], limit=PHILLY_JOBS)
+    assert result["jobs"] == PHILLY_JOBS
+    check(result, PHILLY)
+
+
+def test_estimates_on_a_synthetic_trace_stay_within_their_recorded_bounds() -> None:
+    check(synthetic_result(), SYNTHETIC)
