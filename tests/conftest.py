@@ -43,6 +43,15 @@ def _scheduler_runs_inline(settings: Any) -> None:
     )
 
 
+@pytest.fixture(autouse=True)
+def _endpoint_traffic_forgotten() -> Iterator[None]:
+    """What the endpoint proxy of this process counted goes with the test (its endpoints do)."""
+    yield
+    from apps.inference.proxy import TRAFFIC
+
+    TRAFFIC.forget()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_redis_keys() -> None:
     """Each test process its own keys in the shared Redis (PORTAL_REDIS_PREFIX, which the portals it

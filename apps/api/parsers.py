@@ -3,8 +3,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rest_framework.exceptions import ParseError, ValidationError
+from rest_framework.exceptions import ErrorDetail, ParseError, ValidationError
 from rest_framework.parsers import JSONParser
+
+from apps.errors import RULE
 
 # Valid JSON but not text: PostgreSQL cannot store NUL, and a lone surrogate cannot be encoded.
 BAD_TEXT_RE = re.compile("[\x00\ud800-\udfff]")
@@ -28,8 +30,9 @@ def _refuse_bad_text(data: Any) -> None:
 
 
 def _refuse(path: str, text: str) -> None:
+    """The schema says it (its strings and names match ``^[^\\u0000]*$``), as a rule."""
     what = "Null" if "\x00" in text else "Surrogate"
-    raise ValidationError({path or "non_field_errors": [f"{what} characters are not allowed."]})
+    raise ValidationError({path or "non_field_errors": [ErrorDetail(f"{what} characters are not allowed.", code=RULE)]})
 
 
 class SafeJSONParser(JSONParser):

@@ -90,6 +90,10 @@ def resolve_model(
     return os.path.relpath(real, real_root)
 
 
+def _replicas(count: int) -> str:
+    return f"{count} replica" + ("" if count == 1 else "s")
+
+
 def check_bounds(min_replicas: int, max_replicas: int, scale_to_zero_s: int | None) -> None:
     if not 1 <= max_replicas <= MAX_REPLICAS:
         raise ActionError(f"An endpoint has 1 to {MAX_REPLICAS} replicas at most.", field="max_replicas")
@@ -172,7 +176,7 @@ def check_create_endpoint(
             endpoint=endpoint,
             from_replicas=0,
             to_replicas=min_replicas,
-            reason=f"deployed with {min_replicas} replicas",
+            reason=f"deployed with {_replicas(min_replicas)}",
         )
         scaling.converge(endpoint, timezone.now())
         _live(endpoint)

@@ -35,7 +35,7 @@ class InferenceProfileSerializer(ProfileSerializer):
     gpus = GPUCountField(required=False)
     server_args = serializers.ListField(child=serializers.CharField(max_length=500), max_length=100, required=False)
     image = serializers.RegexField(
-        r"^([A-Za-z0-9][A-Za-z0-9._/:@+-]*)?$", max_length=300, required=False, allow_blank=True,
+        r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$", max_length=300, required=False, allow_blank=True,
         help_text="Container image for the Kubernetes backend (registry/name:tag).",
     )  # fmt: skip
 

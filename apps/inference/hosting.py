@@ -23,7 +23,8 @@ from apps.workloads import host
 from apps.workloads.host import Kind, Phase
 from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
-from workers.backends.base import Endpoint, InferenceSpec, Progress, Status
+from workers.backends import servers
+from workers.backends.base import Endpoint, InferenceSpec, PolicyRefusal, Progress, Status
 from workers.backends.pyenv import BUILD_TIMEOUT_S
 
 State = Replica.State
@@ -85,7 +86,7 @@ class ReplicaKind(Kind):
             name=row.name,
             work_dir=str(workspace_dir),
             server=profile.server,
-            model_path=str(workspace_dir / endpoint.model_path),
+            model_path=str(_model(profile.server, workspace_dir / endpoint.model_path)),
             served_name=endpoint.name,
             endpoint=f"{endpoint.pk}",
             extra_args=[str(arg) for arg in profile.server_args],
@@ -122,6 +123,15 @@ class ReplicaKind(Kind):
         row.save()
         if row.state not in Replica.FINAL_STATES:
             actions.record_replica_end(row, State.STOPPED, "the portal stopped")
+
+
+def _model(server: str, path: Path) -> Path:
+    """What the server loads: for one that loads a file, the one in a directory the endpoint names;
+    where there is no such one file any more, the path itself (the server says what it found)."""
+    try:
+        return servers.model_file(server, path)
+    except PolicyRefusal:
+        return path
 
 
 def register() -> None:

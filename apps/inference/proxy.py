@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import connection as db_connection
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils import timezone
@@ -50,6 +52,8 @@ from apps.scheduling.trigger import request_cycle
 from apps.workloads.forwarding import HOP_BY_HOP, connection_named, connection_to, release_database, streamed
 from apps.workspaces.access import USE, VIEW, restrict
 
+logger = logging.getLogger(__name__)
+
 PROCESS = f"{socket.gethostname()[:40]}:{os.getpid()}"
 IO_TIMEOUT_S = 600.0
 # How often a web process records its counts, and how often it reads which replicas serve.
@@ -59,6 +63,9 @@ REPLICAS_EVERY_S = 1.0
 # A replica that refused a connection is passed over for this long.
 REFUSED_FOR_S = 5.0
 POLL_S = 0.05
+# Requests one web process lets wait for an endpoint's replicas at once; more are answered 429 at
+# once (a client cannot hold all of a process's threads waiting).
+MAX_WAITING = 128
 CREDENTIALS = frozenset({"authorization", "cookie", "x-api-key", "api-key"})
 NOT_ANSWERED = frozenset({"set-cookie", "access-control-allow-credentials"})
 ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -68,7 +75,8 @@ NO_SUCH_ENDPOINT = "No such endpoint."
 def _answer(status: int, message: str, **headers: str) -> HttpResponse:
     """An OpenAI-style error answer: ``{"error": {"message", "type", "code"}}``."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-            404: "not_found_error", 413: "invalid_request_error", 503: "unavailable"}.get(status, "error")  # fmt: skip
+            404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
+            503: "unavailable"}.get(status, "error")  # fmt: skip
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
     response = HttpResponse(body.encode(), status=status, content_type="application/json")
     for name, value in {**ANSWER_HEADERS, **headers}.items():
@@ -181,7 +189,9 @@ class _Traffic:
             try:
                 self.flush()
             except Exception:  # the database went away a moment: the next round writes it
-                close_old_connections()
+                logger.warning("could not record the endpoints' traffic", exc_info=True)
+            finally:
+                db_connection.close()  # a connection of this thread's own is held only while it writes
 
     def flush(self, only: int | None = None) -> None:
         """Record what changed (and, every HEARTBEAT_S, what did not: a row that is not kept up is a
@@ -208,6 +218,10 @@ class _Traffic:
             waiting_since = None
             if since is not None:
                 waiting_since = stamp - timezone.timedelta(seconds=max(0.0, time.monotonic() - since))
+            if not Endpoint.objects.filter(pk=endpoint_id).exists():  # deleted: nothing to record
+                with self.lock:
+                    self.endpoints.pop(endpoint_id, None)
+                continue
             Traffic.objects.update_or_create(
                 endpoint_id=endpoint_id,
                 process=PROCESS,
@@ -250,21 +264,36 @@ class _Traffic:
             counts.changed = True
             return pk, target, key
 
-    def release(self, endpoint_id: int, replica_id: int, *, latency_s: float | None, error: bool) -> None:
+    def release(
+        self, endpoint_id: int, replica_id: int, *, latency_s: float | None, error: bool, tokens: int = 0
+    ) -> None:
         with self.lock:
             self.replica_busy[replica_id] = max(0, self.replica_busy.get(replica_id, 0) - 1)
             counts = self.counts(endpoint_id)
             counts.in_flight = max(0, counts.in_flight - 1)
             counts.requests += 1
             counts.errors += int(error)
+            counts.tokens += tokens
             if latency_s is not None:
                 counts.latency[min(bisect_left(LATENCY_BUCKETS_S, latency_s), len(LATENCY_BUCKETS_S) - 1)] += 1
                 counts.latency_sum += latency_s
             counts.changed = True
 
+    def forget(self) -> None:
+        """Forget every count (a test's end: the next test's endpoints are others)."""
+        with self.lock:
+            self.endpoints.clear()
+            self.replica_busy.clear()
+            self.refused_until.clear()
+            self.replicas.clear()
+
     def refused(self, replica_id: int) -> None:
         with self.lock:
             self.refused_until[replica_id] = time.monotonic() + REFUSED_FOR_S
+
+    def may_wait(self, endpoint_id: int) -> bool:
+        with self.lock:
+            return self.counts(endpoint_id).waiting < MAX_WAITING
 
     def wait(self, endpoint_id: int, started: float) -> None:
         with self.lock:
@@ -376,6 +405,11 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
                     return answer
                 continue  # refused: another replica, or wait
             if not waiting:
+                if not TRAFFIC.may_wait(endpoint.pk):
+                    return _answer(
+                        429, f"Endpoint {endpoint.name} has {MAX_WAITING} requests waiting already. Try again.",
+                        **{"Retry-After": "5"},
+                    )  # fmt: skip
                 TRAFFIC.wait(endpoint.pk, started)
                 TRAFFIC.flush(only=endpoint.pk)  # the autoscaler sees it at once
                 waiting = True
@@ -419,11 +453,11 @@ def _send(
     headers = {**headers, "Authorization": f"Bearer {key}"}
     done = False
 
-    def finish(error: bool, latency: float | None = None) -> None:
+    def finish(error: bool, latency: float | None = None, tokens: int = 0) -> None:
         nonlocal done
         if not done:
             done = True
-            TRAFFIC.release(endpoint.pk, replica_id, latency_s=latency, error=error)
+            TRAFFIC.release(endpoint.pk, replica_id, latency_s=latency, error=error, tokens=tokens)
 
     try:
         connection, prefix = connection_to(target)
@@ -451,7 +485,26 @@ def _send(
         finish(error=True)
         return _answer(502, f"Endpoint {endpoint.name}'s replica stopped while answering. Try again.")
     error = upstream.status >= 500
+    tail = _Tail()
     return streamed(
-        request, upstream, connection, not_answered=NOT_ANSWERED,
-        on_close=lambda: finish(error=error, latency=time.monotonic() - started),
+        request, upstream, connection, not_answered=NOT_ANSWERED, tap=tail.add,
+        on_close=lambda: finish(error=error, latency=time.monotonic() - started, tokens=tail.tokens()),
     )  # fmt: skip
+
+
+class _Tail:
+    """The end of an answer's body, where the OpenAI API reports what was generated (``usage``:
+    the last object of an answer, or of a stream's last event where the client asked for it)."""
+
+    KEEP = 4096
+    TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,9})')
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def add(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.KEEP :]
+
+    def tokens(self) -> int:
+        found = self.TOKENS.findall(self.data)
+        return int(found[-1]) if found else 0

@@ -192,7 +192,8 @@ def decide(endpoint: Endpoint, now: datetime, load: Load) -> None:
         quiet = (now - endpoint.quiet_since).total_seconds()
         if quiet >= profile.scale_down_after_s:
             after = max(endpoint.min_replicas, needed)
-            reason = f"{_requests(demand)} in flight: {after} replicas have served the load for {quiet:.0f} s"
+            served = f"{after} replica has" if after == 1 else f"{after} replicas have"
+            reason = f"{_requests(demand)} in flight: {served} served the load for {quiet:.0f} s"
     if before <= max(endpoint.min_replicas, needed) or after != before:
         endpoint.quiet_since = None
     if after != before:

@@ -29,6 +29,7 @@ from apps.web.common import (
     validated,
     workspace_for,
 )
+from apps.web.endpoint_forms import deploy_url, deployable
 from apps.web.telemetry import gpu_panel
 from apps.workspaces.access import CHANGE
 from apps.workspaces.models import GPUQuota, Workspace
@@ -266,6 +267,8 @@ DETAIL = generic.Detail(
         generic.Panel(title="Log", template="web/generic/_log.html", wide=True),
     ),
     actions=(
+        # A finished job's model, served at an endpoint: the new-endpoint form, filled in.
+        generic.Action("Deploy…", url=deploy_url, role=CHANGE, style="primary", when=deployable),
         generic.Action("Cancel job…", url=generic.object_url("web:job-cancel"), role=CHANGE, style="danger",
                        when=lambda job: not job.is_final),
     ),

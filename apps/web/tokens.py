@@ -72,7 +72,8 @@ def _revoke(request: HttpRequest) -> str:
 
 
 def _rows(request: HttpRequest) -> Any:
-    tokens = ApiToken.objects.filter(user=request.user).select_related("workspace").order_by("-created_at", "-pk")
+    tokens = ApiToken.objects.filter(user=request.user).select_related("workspace", "endpoint__workspace")
+    tokens = tokens.order_by("-created_at", "-pk")
     page_obj = Paginator(tokens, PER_PAGE).get_page(request.GET.get("page"))
     serializer = ApiTokenSerializer()
     for token in page_obj:

@@ -76,12 +76,14 @@ def streamed(
     *,
     not_answered: frozenset[str] = frozenset(),
     on_close: Callable[[], None] | None = None,
+    tap: Callable[[bytes], None] | None = None,
 ) -> StreamingHttpResponse:
     """The upstream's answer as the client's: streamed, without its hop-by-hop headers and those
-    named in ``not_answered``; ``on_close`` is called once the answer was sent or given up."""
+    named in ``not_answered``; ``on_close`` is called once the answer was sent or given up, ``tap``
+    with each piece of the body as it passes."""
     # Under ASGI an answer is streamed only from an asynchronous iterator (Django reads a
     # synchronous one whole first); under WSGI only from a synchronous one.
-    body = (AsyncBody if isinstance(request, ASGIRequest) else Body)(upstream, connection, on_close)
+    body = (AsyncBody if isinstance(request, ASGIRequest) else Body)(upstream, connection, on_close, tap)
     response = StreamingHttpResponse(body, status=upstream.status, reason=upstream.reason or None)
     del response["Content-Type"]
     named = connection_named(upstream.headers.get_all("Connection") or [])
@@ -105,10 +107,12 @@ class Upstream:
         upstream: http.client.HTTPResponse,
         connection: http.client.HTTPConnection,
         on_close: Callable[[], None] | None = None,
+        tap: Callable[[bytes], None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.connection = connection
         self.on_close = on_close
+        self.tap = tap
 
     def close(self) -> None:
         self.upstream.close()
@@ -122,6 +126,8 @@ class Body(Upstream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             while chunk := self.upstream.read1(CHUNK_BYTES):
+                if self.tap is not None:
+                    self.tap(chunk)
                 yield chunk
         except (OSError, http.client.HTTPException):
             return  # the server went away mid-answer: the client sees it cut short
@@ -132,6 +138,8 @@ class AsyncBody(Upstream):
         read = sync_to_async(self.upstream.read1, thread_sensitive=False)
         try:
             while chunk := await read(CHUNK_BYTES):
+                if self.tap is not None:
+                    self.tap(chunk)
                 yield chunk
         except (OSError, http.client.HTTPException):
             return

@@ -1,5 +1,6 @@
 """GPU Portal's Python SDK: submit jobs and follow them, launch instances, notebooks and Ray
-clusters (``gpuportal.ray``: CodeFlare's ``Cluster``, ``ClusterConfiguration`` and ``RayJob``).
+clusters (``gpuportal.ray``: CodeFlare's ``Cluster``, ``ClusterConfiguration`` and ``RayJob``),
+deploy models at inference endpoints (``client.endpoints``).
 
 from gpuportal import Client
 
@@ -13,6 +14,7 @@ job.download_artifacts("results/")
 __version__ = "0.1.0"
 
 from gpuportal.client import Client  # noqa: E402 - the client reads __version__
+from gpuportal.endpoints import Endpoint, EndpointReplica, EndpointSample, ReplicaLog, ScaleEvent  # noqa: E402
 from gpuportal.errors import (  # noqa: E402
     APIError,
     ArtifactError,
@@ -33,6 +35,7 @@ from gpuportal.errors import (  # noqa: E402
 from gpuportal.models import (  # noqa: E402
     Artifact,
     ComputeProfile,
+    InferenceProfile,
     Instance,
     Job,
     LogChunk,
@@ -50,9 +53,9 @@ from gpuportal.workloads import Workload  # noqa: E402
 
 __all__ = [
     "APIError", "Artifact", "ArtifactError", "AuthenticationError", "Client", "Cluster", "ClusterConfiguration",
-    "ClusterStatus", "CodeFlareClusterStatus", "ComputeProfile", "ConfigError", "Conflict", "GPUPortalError",
-    "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound",
-    "PermissionDenied", "PortalUnreachable", "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode",
-    "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout", "Workload", "WorkloadFailed", "Workspace",
-    "__version__",
+    "ClusterStatus", "CodeFlareClusterStatus", "ComputeProfile", "ConfigError", "Conflict", "Endpoint",
+    "EndpointReplica", "EndpointSample", "GPUPortalError", "InferenceProfile", "Instance", "Job", "JobSpec",
+    "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound", "PermissionDenied", "PortalUnreachable",
+    "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode", "ReplicaLog", "ScaleEvent", "ServerError",
+    "SpecError", "User", "ValidationError", "WaitTimeout", "Workload", "WorkloadFailed", "Workspace", "__version__",
 ]  # fmt: skip

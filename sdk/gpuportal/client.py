@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from gpuportal import __version__, config
+from gpuportal.endpoints import Endpoints
 from gpuportal.errors import (
     APIError,
     AuthenticationError,
@@ -38,8 +39,9 @@ class Client:
     """A connection to one portal, authenticated by an API token.
 
     Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks``, ``jobs``,
-    ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it) and
-    ``workloads`` (every kind in one read-only list, with its kind). Errors
+    ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it),
+    ``endpoints`` (inference endpoints) and ``workloads`` (every kind in one read-only list, with
+    its kind). Errors
     are raised as the typed exceptions of ``gpuportal.errors``, with the portal's message.
     """
 
@@ -71,6 +73,7 @@ class Client:
         self.notebooks = Notebooks(self)
         self.jobs = Jobs(self)
         self.ray_clusters = RayClusters(self)
+        self.endpoints = Endpoints(self)
         self.workloads = Workloads(self)
 
     @classmethod

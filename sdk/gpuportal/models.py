@@ -262,6 +262,45 @@ class NotebookProfile(Model):
         return {"Name": self.name, "Image": self.image, "Description": self.description}
 
 
+@dataclass(eq=False)
+class InferenceProfile(Model):
+    """What an endpoint's replicas run: a server (``llamacpp`` on CPU, ``vllm`` on a GPU) and the
+    size of one replica; ``concurrency`` is how many requests one replica serves at once."""
+
+    name: str
+    display_name: str
+    description: str
+    server: str
+    gpu_type: str
+    gpus: Decimal
+    cpu_cores: int
+    memory_gb: int
+    size: str
+    concurrency: int
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
+    _client: Client | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any], client: Client | None = None) -> InferenceProfile:
+        return cls(
+            name=data["name"],
+            display_name=data.get("display_name") or "",
+            description=data.get("description") or "",
+            server=data.get("server") or "",
+            gpu_type=data.get("gpu_type") or "",
+            gpus=Decimal(str(data.get("gpus") or "0")),
+            cpu_cores=int(data.get("cpu_cores") or 0),
+            memory_gb=int(data.get("memory_gb") or 0),
+            size=data.get("size") or "",
+            concurrency=int(data.get("concurrency") or 0),
+            data=data,
+            _client=client,
+        )
+
+    def summary(self) -> dict[str, str]:
+        return {"Name": self.name, "Server": self.server, "Size": self.size, "Description": self.description}
+
+
 @dataclass(frozen=True)
 class QueueInfo:
     """Where a waiting workload stands: its places in its workspace's and the cluster's queue,

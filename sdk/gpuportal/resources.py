@@ -1,5 +1,6 @@
 """The portal's resources, reached as ``client.workspaces``, ``client.profiles``, ``client.instances``,
-``client.notebooks`` and ``client.jobs``."""
+``client.notebooks`` and ``client.jobs`` (``client.ray_clusters`` and ``client.endpoints`` have
+modules of their own)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpuportal.errors import (
 from gpuportal.models import (
     Artifact,
     ComputeProfile,
+    InferenceProfile,
     Instance,
     Job,
     LogChunk,
@@ -129,6 +131,11 @@ class Profiles(Resource):
         """The notebook profiles (images and packages) you may launch."""
         items = self._client.paginate("notebook-profiles/")
         return ResultList(NotebookProfile.from_api(d, self._client) for d in items)
+
+    def inference(self) -> ResultList[InferenceProfile]:
+        """The inference profiles (server and replica size) your endpoints may use."""
+        items = self._client.paginate("inference-profiles/")
+        return ResultList(InferenceProfile.from_api(d, self._client) for d in items)
 
 
 def _filters(workspace: str | None, state: str | list[str] | None) -> dict[str, Any]:

@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
-from apps.inference import scaling
+from apps.inference import proxy, scaling
 from apps.inference.models import Endpoint, Replica, ScaleEvent, Traffic
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Artifact, Job
 from apps.scheduling.adapter import run_cycle
 from tests.inference.endpoints import cpu_profile, endpoint, model_in
-from tests.personas import World
+from tests.personas import World, api_token
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +169,7 @@ def test_requests_that_wait_add_replicas_up_to_the_maximum_and_quiet_takes_them_
     assert made.desired_replicas == 1
     live = _live(made)
     assert len(live) == 1 and live[0].baseline  # the extra ones went first
-    assert "have served the load" in ScaleEvent.objects.filter(endpoint=made).first().reason
+    assert "served the load" in ScaleEvent.objects.filter(endpoint=made).first().reason
 
 
 def test_a_quiet_endpoint_scales_to_zero_and_a_request_brings_one_replica_back(world: World) -> None:
@@ -258,3 +259,23 @@ def test_an_endpoints_minimum_outranks_its_workspaces_jobs_and_its_extra_replica
     assert "preempted" in Replica.objects.get(pk=extra.pk).reason
     assert Job.objects.get(pk=late.pk).state == "ADMITTED"
     assert Replica.objects.get(pk=baseline.pk).state == "ADMITTED"
+
+
+def test_a_client_cannot_hold_every_thread_waiting_and_a_cold_endpoint_says_when_to_come_back(
+    world: World, settings: Any
+) -> None:
+    settings.PORTAL_PUBLIC_URL = "http://127.0.0.1:8000"
+    settings.PORTAL_NOTEBOOK_DOMAIN = "localhost"
+    made = endpoint(world.team_a, world.alice, cpu_profile())  # no replica serves: none was started
+    token = api_token(world.alice)
+    headers = {"Host": f"{made.host}:8000", "Authorization": f"Bearer {token}", "Prefer": "wait=0"}
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
+    client = Client()
+    cold = client.post("/v1/chat/completions", body, content_type="application/json", headers=headers)
+    assert cold.status_code == 503 and cold["Retry-After"] == "10"
+    assert "no replica serves yet" in cold.json()["error"]["message"]
+    with proxy.TRAFFIC.lock:
+        proxy.TRAFFIC.counts(made.pk).waiting = proxy.MAX_WAITING
+    full = client.post("/v1/chat/completions", body, content_type="application/json", headers=headers)
+    assert full.status_code == 429 and full["Retry-After"] == "5"
+    assert f"{proxy.MAX_WAITING} requests waiting" in full.json()["error"]["message"]

@@ -6,6 +6,7 @@ front of the live portal with endpoint tokens, as any OpenAI client calls it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -143,7 +144,7 @@ def test_load_scales_an_endpoint_up_and_quiet_scales_it_back_down(tx_world: Worl
     assert results and set(results) == {200}, sorted(set(results))
     turn_until(lambda: len(serving(made)) == 1, timeout_s=60)
     down = ScaleEvent.objects.filter(endpoint=made, from_replicas=2, to_replicas=1).first()
-    assert down is not None and "have served the load" in down.reason
+    assert down is not None and "served the load" in down.reason
     assert Endpoint.objects.get(pk=made.pk).samples.exists()
     # The same figures in /metrics: what the proxy counted, the replicas against the bounds.
     text = generate_latest(registry()).decode()
@@ -151,6 +152,9 @@ def test_load_scales_an_endpoint_up_and_quiet_scales_it_back_down(tx_world: Worl
     assert served in text, [line for line in text.splitlines() if "gpuportal_endpoint_requests_total" in line]
     assert 'gpuportal_endpoint_replicas{endpoint="chat",kind="max",workspace="team-a"} 2.0' in text
     assert 'gpuportal_endpoint_request_seconds_count{endpoint="chat",workspace="team-a"}' in text
+    tokens = r'gpuportal_endpoint_completion_tokens_total\{endpoint="chat",workspace="team-a"\} (\S+)'
+    generated = re.search(tokens, text)
+    assert generated is not None and float(generated.group(1)) > 0  # the answers' own usage
 
 
 def test_an_endpoint_scaled_to_zero_starts_a_replica_for_the_next_request(

@@ -19,6 +19,10 @@ A Ray cluster is one batch job too, heterogeneous where it has workers (the head
 workers' nodes), running the portal's program ``workers/rayslurm.py``: see workers/backends/slurm_ray.py.
 Slurm's commands and the parsing of what they print live in workers/backends/slurm_commands.py.
 
+An inference endpoint's replica is a one-node job running its model server on its node's address and
+``MASTER_PORT``, behind the replica's API key, which its task reads from a file of its own
+(``SERVER_ENV_FILE``), never from the batch script: see ``start_inference``.
+
 A job is named after its workload's key and runs in its own directory, so that ``adopt()`` finds the
 job of a start that was never recorded in ``squeue`` and ``sacct``; once a start is recorded (its state
 comes back through ``load_state()``) or given up (``clear_state()``), its job id is written to
@@ -48,12 +52,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from workers.backends import servers
 from workers.backends.base import (
     STATE_VERSION,
     UNKNOWN_EXIT_CODE,
     BackendError,
     Endpoint,
     GpuInfo,
+    InferenceSpec,
     InstanceSpec,
     JobSpec,
     Keep,
@@ -68,6 +74,7 @@ from workers.backends.base import (
 )
 from workers.backends.files import FileOutputs, check_reachable, dirs_between, open_inside, prepare_dir, write_new_file
 from workers.backends.processes import (
+    http_get,
     install_identity,
     instance_job,
     kind_and_job,
@@ -75,7 +82,7 @@ from workers.backends.processes import (
     search_path,
     wait_answering,
 )
-from workers.backends.pyenv import ensure_env, ensure_ray_env, ensure_sdk_env
+from workers.backends.pyenv import ensure_env, ensure_ray_env, ensure_sdk_env, ensure_serve_env
 from workers.backends.slurm_commands import (
     COMMAND_TIMEOUT_S,
     LIVE_STATES,
@@ -111,6 +118,10 @@ from workers.backends.slurm_ray import (
 ADOPT_WINDOW = "now-30days"
 #: In a job's ``.portal/``: the id of its job that the portal recorded or gave up (``adopt()`` skips it).
 SETTLED_FILE = "settled"
+#: In an inference replica's ``.portal/``: its server's settings and API key, as shell assignments.
+SERVER_ENV_FILE = "server.env"
+#: What the model servers (both run by uvicorn) log once they listen: ``<it> http://<host>:<port> (...)``.
+LISTENING_LINE = "Uvicorn running on"
 # (Slurm account, user) associations known to exist, so that sacctmgr is asked once per process.
 _KNOWN_ASSOCIATIONS: set[tuple[str, str]] = set()
 #: Within ``SlurmBackend.polling``: by the commands asked (squeue's and sacct's paths), what they said
@@ -226,7 +237,11 @@ class SlurmBackend(FileOutputs):
         nodes' Python. Where the nodes cannot reach it, its ``bin`` on PATH is merely skipped."""
         return ensure_sdk_env(Path(self.env_root), self.python) if self.env_root else None
 
-    def _launch(self, spec: JobSpec, environment: Path | None, kind: str = "job") -> Endpoint:
+    def _launch(
+        self, spec: JobSpec, environment: Path | None, kind: str = "job", files: dict[str, str] | None = None
+    ) -> Endpoint:
+        """Submit ``spec`` as a batch job and wait until it runs; ``files``: more files for its
+        ``.portal/`` (name: text), the account's alone (0600), written before it is submitted."""
         if self._state:
             if self._state.get("key") == spec.key and "final" not in self._state and self._live_state() is not None:
                 return self._endpoint()
@@ -244,6 +259,8 @@ class SlurmBackend(FileOutputs):
         script = internal / "job.sh"
         write_new_file(script, self._script(spec, job_dir), run_as, mode=0o700)
         write_new_file(internal / "replica.sh", _replica_script(spec.command), run_as, mode=0o700)
+        for name, text in (files or {}).items():
+            write_new_file(internal / name, text, run_as, mode=0o600)
         gpus = len(spec.devices[0]) if spec.devices else 0
         argv = [
             *as_user(run_as),
@@ -324,6 +341,8 @@ class SlurmBackend(FileOutputs):
             self._state["nodes"] = self._hostnames(nodelist)
         if isinstance(spec, NotebookSpec):
             return self._notebook_answering(spec.base_url, wait=live)
+        if isinstance(spec, InferenceSpec):
+            return self._server_answering(spec, wait=live)
         return self._endpoint()
 
     def _jobs_in(self, key: str, job_dir: Path) -> dict[str, tuple[str, int, float | None]]:
@@ -404,8 +423,7 @@ class SlurmBackend(FileOutputs):
         if running and self._live_state() is not None:
             return self._notebook_endpoint()
         env = ensure_env(spec.python_packages, Path(self.env_root), self.python)
-        node_addr = "$(scontrol show node \"$SLURMD_NODENAME\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')"
-        server = notebook_job(spec, env, ip=f'"{node_addr}"')
+        server = notebook_job(spec, env, ip=_NODE_ADDR)
         if spec.run_as is not None and os.geteuid() == 0:
             # The server runs as the workspace's account: it must reach the environment (and the
             # interpreter behind it), and the copy of the portal's identity module kept there, in
@@ -434,6 +452,75 @@ class SlurmBackend(FileOutputs):
             self.stop(0.0)
             raise
         return endpoint
+
+    def start_inference(self, spec: InferenceSpec) -> Endpoint:
+        """An inference replica: a one-node batch job of the workspace's account, with the replica's
+        CPUs, memory and GPUs (``--gres``), running its model server (workers/backends/servers.py)
+        from the server's environment, built under ``env_root`` with the nodes' Python. The server
+        listens on its node's address and ``$MASTER_PORT``, as a notebook's does (the proxy runs on
+        another machine), where any process of the node can connect: it refuses every request
+        without the replica's API key, which reaches it through a file of the job's ``.portal/``
+        (0600, the workspace's account's alone) and its environment: never a command line, nor the
+        batch script (which Slurm keeps, and shows its administrators). Returns once the
+        server answers its health path with the key; cancelled, and ``BackendError`` with its last
+        log lines, if it does not (permanent where it exited first: it would again)."""
+        running = self._state and self._state.get("key") == spec.key and "final" not in self._state
+        if running and self._live_state() is not None:
+            return self._notebook_endpoint()
+        if not self.env_root:
+            raise BackendError("the slurm backend has no environment directory for model servers", permanent=True)
+        if not spec.api_key:
+            raise BackendError("a model server on Slurm needs an API key: its node's jobs reach it", permanent=True)
+        env = ensure_serve_env(spec.server, Path(self.env_root), self.python)
+        if spec.run_as is not None and os.geteuid() == 0:
+            check_reachable(env, "the model server's environment")
+            check_reachable(os.path.realpath(env / "bin" / "python"), "the model server environment's Python")
+        job, server_env = _inference_job(spec, env)
+        self._launch(job, env, kind="inference", files={SERVER_ENV_FILE: server_env})
+        return self._server_answering(spec)
+
+    def _server_answering(self, spec: InferenceSpec, *, wait: bool = True) -> Endpoint:
+        """The replica's endpoint on its node, once its server answers its health path with the key
+        (with ``wait``); cancelled, and ``BackendError`` with the server's last log lines, if not.
+
+        The key is sent only once the server's own log (in the job's ``.portal/``, which no other
+        tenant can write) says that it listens on the port: until then, what answers there may be
+        another tenant's process that took the port first, and the server then fails to bind."""
+        self._state["node_addr"] = self._node_addr(self._state["nodes"][0]) if self._state.get("nodes") else ""
+        endpoint = self._notebook_endpoint()
+        if not wait:
+            return endpoint
+        health = f"{endpoint.url}{servers.SERVERS[spec.server].health_path}"
+        auth = {"Authorization": f"Bearer {spec.api_key}"}
+        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+        listening, seen, offset = f"{LISTENING_LINE} http://{host}:{endpoint.port} ".encode(), b"", 0
+        deadline = time.monotonic() + spec.start_timeout_s
+        while True:
+            if listening not in seen:
+                chunk, offset = self.logs(0, offset)
+                seen = seen[-len(listening) :] + chunk
+            if listening in seen:
+                with contextlib.suppress(OSError):
+                    if http_get(health, headers=auth, timeout=2)[0] == 200:
+                        return endpoint
+            if self._live_state() is None:
+                problem, exited = "the server exited before it answered", True
+                break
+            if time.monotonic() > deadline:
+                problem, exited = f"the server did not answer within {spec.start_timeout_s:g}s", False
+                break
+            time.sleep(0.2)
+        self.stop(0.0)
+        # A server that exits at start (a model it cannot load, a bad argument) would again.
+        raise BackendError(f"{problem}: {self._log_tail(8)}", permanent=exited)
+
+    def _log_tail(self, count: int) -> str:
+        """The last ``count`` lines of replica 0's log, on one line."""
+        with contextlib.suppress(OSError):
+            size = os.stat(self._state["logs"][0]).st_size
+            text = self.logs(0, max(0, size - 65536))[0].decode(errors="replace")
+            return " | ".join(text.strip().splitlines()[-count:]) or "(no output)"
+        return "(no output)"
 
     def _notebook_endpoint(self) -> Endpoint:
         addr, port = self._state.get("node_addr") or "127.0.0.1", master_port(self._state["job_id"])
@@ -851,6 +938,49 @@ def _job_state(
         "user": run_as.user if run_as else "",
         "account": account,
     }
+
+
+# The address of the node a batch job's task runs on, as Slurm knows it: a shell word.
+_NODE_ADDR = '"$(scontrol show node "$SLURMD_NODENAME" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"'
+
+
+def _inference_job(spec: InferenceSpec, env_dir: Path) -> tuple[JobSpec, str]:
+    """The one-replica job that runs an inference replica's server from ``env_dir`` on its node's
+    address and ``$MASTER_PORT`` (shell words: the task's shell expands them on the node), and the
+    text of its ``SERVER_ENV_FILE``: the server's settings and API key, which its task exports
+    just before the server starts. Its working directory is the environment's, which holds
+    nothing the workspace wrote."""
+    host, port = '"$NODE_ADDR"', '"$MASTER_PORT"'
+    argv, env = servers.command(
+        spec.server,
+        model_path=spec.model_path,
+        served_name=spec.served_name,
+        cpu_cores=max(1, int(spec.cpu_cores)),
+        extra_args=list(spec.extra_args),
+        api_key=spec.api_key,
+        host=host,
+        port=port,
+    )
+    words = [shlex.quote(str(env_dir / "bin" / argv[0]))]
+    words += [word if word in (host, port) else shlex.quote(word) for word in argv[1:]]
+    env_file = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key))) / ".portal" / SERVER_ENV_FILE
+    command = (
+        f"NODE_ADDR={_NODE_ADDR} && set -a && . {shlex.quote(str(env_file))} && set +a && "
+        f"cd {shlex.quote(str(env_dir))} && exec {' '.join(words)}"
+    )
+    job = JobSpec(
+        key=spec.key,
+        workspace=spec.workspace,
+        name=spec.name,
+        command=command,
+        work_dir=spec.work_dir,
+        devices=[spec.devices],
+        cpu_cores=spec.cpu_cores,
+        memory_gb=spec.memory_gb,
+        run_as=spec.run_as,
+        disk=spec.disk,
+    )
+    return job, "".join(f"{name}={shlex.quote(value)}\n" for name, value in env.items())
 
 
 def _settled_id(job_dir: Path) -> str:

@@ -79,7 +79,8 @@ def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
 @click.version_option(__version__, prog_name="gpuportal")
 def cli() -> None:
     """GPU Portal from a terminal: submit jobs and walk away, follow them in the queue and while they
-    run, read their logs and collect their artifacts; launch instances and notebooks.
+    run, read their logs and collect their artifacts; launch instances and notebooks; deploy models
+    at inference endpoints.
 
     The portal and token come from GPUPORTAL_URL and GPUPORTAL_TOKEN, or from `gpuportal login`.
     """

@@ -139,16 +139,23 @@ def workspaces(as_json: bool) -> None:
 @cli.command(epilog=examples("gpuportal profiles", "gpuportal profiles --json"))
 @json_option
 def profiles(as_json: bool) -> None:
-    """List the compute profiles (instance sizes) and notebook profiles you may launch."""
+    """List the compute profiles (instance sizes), notebook profiles and inference profiles
+    (endpoints' servers and replica sizes) you may use."""
     client = portal()
     compute, notebooks = client.profiles.compute(), client.profiles.notebooks()
+    inference = client.profiles.inference()
     if as_json:
-        print_json({"compute": [p.data for p in compute], "notebook": [p.data for p in notebooks]})
+        print_json({
+            "compute": [p.data for p in compute], "notebook": [p.data for p in notebooks],
+            "inference": [p.data for p in inference],
+        })  # fmt: skip
         return
     click.echo("Compute profiles:")
     print_table([p.summary() for p in compute])
     click.echo("\nNotebook profiles:")
     print_table([p.summary() for p in notebooks])
+    click.echo("\nInference profiles:")
+    print_table([p.summary() for p in inference])
 
 
 def _instance_line(instance: Instance) -> str:

@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from apps.catalog.models import ComputeProfile, NotebookProfile
+from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfile
 from apps.inventory.actions import do_sync_local_cluster
 from apps.workspaces.actions import ensure_private_workspace
 from apps.workspaces.models import GPUQuota, Membership, Role, Workspace
@@ -31,7 +31,23 @@ DISPLAY_NAMES = {
     "data-science": "Data science",
     "spark": "Spark",
     "tensorflow": "TensorFlow",
+    "llama-cpu": "llama.cpp on CPU",
+    "vllm-1": "vLLM on 1 H100",
 }
+
+#: Inference endpoints' profiles (docs/inference.md): (name, description, server, GPUs, CPU, memory).
+INFERENCE_PROFILES = [
+    (
+        "llama-cpu",
+        "GGUF models on CPU: small and quantised models, 4 requests at once a replica",
+        "llamacpp",
+        "",
+        "0",
+        2,
+        8,
+    ),
+    ("vllm-1", "Hugging Face models on one H100 with vLLM's continuous batching", "vllm", "h100", "1", 8, 64),
+]
 
 NOTEBOOK_PROFILES = [
     ("minimal", "Python and JupyterLab", "quay.io/jupyter/minimal-notebook:2025-10-20",
@@ -117,6 +133,21 @@ class Command(BaseCommand):
                     "cpu_cores": cpu,
                     "memory_gb": memory,
                     "kind": kind,
+                    "published": True,
+                },
+            )
+        for name, description, server, gpu_type, gpus, cpu, memory in INFERENCE_PROFILES:
+            InferenceProfile.objects.get_or_create(
+                name=name,
+                defaults={
+                    "display_name": DISPLAY_NAMES[name],
+                    "description": description,
+                    "server": server,
+                    "gpu_type": gpu_type,
+                    "gpus": Decimal(gpus),
+                    "cpu_cores": cpu,
+                    "memory_gb": memory,
+                    "concurrency": 4 if server == "llamacpp" else 32,
                     "published": True,
                 },
             )
