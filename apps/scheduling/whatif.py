@@ -239,7 +239,8 @@ def problems(changes: Changes, base: Setup, since: datetime, until: datetime) ->
 @dataclass(frozen=True)
 class Recorded:
     """One recorded workload as the replay runs it: the trace job, its gang's shape (None: reshaped
-    by the trace replay's rule), its priority, and whether the scheduler may preempt it."""
+    by the trace replay's rule), its priority as the scheduler ranks it (its class first), and whether the
+    scheduler may preempt it."""
 
     job: Job
     shape: tuple[int, Decimal] | None
@@ -282,7 +283,7 @@ def load_history(since: datetime, until: datetime, now: datetime | None = None) 
             f"{row.kind}:{row.pk}", (row.created_at - since).total_seconds(), held_s, total, row.workspace.name, seq
         )
         preemptible = kinds[row.kind].preempt is not None and row.preemptible
-        recorded.append(Recorded(job, shape, row.priority, preemptible))
+        recorded.append(Recorded(job, shape, row.scheduling_priority, preemptible))
     return History(recorded, skipped)
 
 
