@@ -47,6 +47,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from apps.accounts import api_tokens, tokens
 from apps.compute import hosts
+from apps.inference import scaling
 from apps.inference.models import LATENCY_BUCKETS_S, Endpoint, Replica, Traffic, replica_key
 from apps.scheduling.trigger import request_cycle
 from apps.workloads.forwarding import HOP_BY_HOP, connection_named, connection_to, release_database, streamed
@@ -54,12 +55,21 @@ from apps.workspaces.access import USE, VIEW, restrict
 
 logger = logging.getLogger(__name__)
 
-PROCESS = f"{socket.gethostname()[:40]}:{os.getpid()}"
+HOST = socket.gethostname()[:40]
+
+
+def process() -> str:
+    """This web process, as its ``Traffic`` rows name it: asked at each record, not at import
+    (a server that loads the portal before it forks its workers would give them all one name)."""
+    return f"{HOST}:{os.getpid()}"
+
+
 IO_TIMEOUT_S = 600.0
 # How often a web process records its counts, and how often it reads which replicas serve.
 FLUSH_EVERY_S = 1.0
 HEARTBEAT_S = 5.0
 REPLICAS_EVERY_S = 1.0
+COLD_REPLICAS_EVERY_S = 0.2
 # A replica that refused a connection is passed over for this long.
 REFUSED_FOR_S = 5.0
 POLL_S = 0.05
@@ -224,7 +234,7 @@ class _Traffic:
                 continue
             Traffic.objects.update_or_create(
                 endpoint_id=endpoint_id,
-                process=PROCESS,
+                process=process(),
                 defaults={
                     "in_flight": in_flight, "waiting": waiting, "waiting_since": waiting_since,
                     "requests": requests, "errors": errors, "latency_counts": latency,
@@ -232,11 +242,11 @@ class _Traffic:
                 },
             )  # fmt: skip
 
-    def serving(self, endpoint: Endpoint) -> list[tuple[int, str, str]]:
-        """The endpoint's serving replicas (id, target, key), read at most once a REPLICAS_EVERY_S."""
+    def serving(self, endpoint: Endpoint, max_age_s: float = REPLICAS_EVERY_S) -> list[tuple[int, str, str]]:
+        """The endpoint's serving replicas (id, target, key), read at most once a ``max_age_s``."""
         now = time.monotonic()
         cached = self.replicas.get(endpoint.pk)
-        if cached is not None and now - cached[0] < REPLICAS_EVERY_S:
+        if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
         rows = (
             Replica.objects.filter(endpoint_id=endpoint.pk, state=Replica.State.READY)
@@ -247,10 +257,13 @@ class _Traffic:
         self.replicas[endpoint.pk] = (now, found)
         return found
 
-    def take(self, endpoint: Endpoint, concurrency: int) -> tuple[int, str, str] | None:
+    def take(
+        self, endpoint: Endpoint, concurrency: int, max_age_s: float = REPLICAS_EVERY_S
+    ) -> tuple[int, str, str] | None:
         """A serving replica with a free slot, the least busy first, taken (``release`` gives it back)."""
         now = time.monotonic()
-        candidates = [r for r in self.serving(endpoint) if self.refused_until.get(r[0], 0.0) <= now]
+        serving = self.serving(endpoint, max_age_s)
+        candidates = [r for r in serving if self.refused_until.get(r[0], 0.0) <= now]
         with self.lock:
             free = [(self.replica_busy.get(pk, 0), pk, target, key) for pk, target, key in candidates]
             free = [entry for entry in free if entry[0] < concurrency]
@@ -395,7 +408,8 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
     woke = False
     try:
         while True:
-            taken = TRAFFIC.take(endpoint, concurrency)
+            # While no replica serves (a cold start), look for the first one more often.
+            taken = TRAFFIC.take(endpoint, concurrency, COLD_REPLICAS_EVERY_S if woke else REPLICAS_EVERY_S)
             if taken is not None:
                 if waiting:
                     TRAFFIC.unwait(endpoint.pk, started, failed=False)
@@ -414,7 +428,12 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
                 TRAFFIC.flush(only=endpoint.pk)  # the autoscaler sees it at once
                 waiting = True
             if not woke and not TRAFFIC.serving(endpoint):
-                request_cycle()  # a cold start: the scheduler loop need not wait for its period
+                # A cold start: its replica is asked for now, not at the scheduler loop's next period.
+                try:
+                    scaling.converge_one(endpoint.pk)
+                except Exception:  # the loop asks for it at its next period anyway
+                    logger.warning("could not scale endpoint %s up for a waiting request", endpoint.pk, exc_info=True)
+                request_cycle()
                 woke = True
             if time.monotonic() >= deadline:
                 TRAFFIC.unwait(endpoint.pk, started, failed=True)

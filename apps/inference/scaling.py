@@ -88,12 +88,25 @@ def upkeep(now: datetime | None = None) -> None:
     loads = load_of(live, now)
     for pk in live:
         try:
-            with transaction.atomic():
-                endpoint = Endpoint.objects.select_for_update().select_related("workspace", "profile").get(pk=pk)
-                converge(endpoint, now, loads[pk])
+            converge_one(pk, now, loads[pk])
         except Exception:  # one endpoint's trouble must not stop the others'
             logger.exception("could not converge endpoint %s", pk)
     Sample.objects.filter(at__lt=now - timedelta(seconds=KEEP_SAMPLES_S)).delete()
+
+
+def converge_one(pk: int, now: datetime | None = None, load: Load | None = None) -> None:
+    """Converge one live endpoint now, its row locked (the proxy, for a cold start: the first
+    request's replica is asked for at once, not at the loop's next period)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        endpoint = (
+            Endpoint.objects.select_for_update()
+            .select_related("workspace", "profile")
+            .filter(pk=pk, state__in=Endpoint.LIVE_STATES)
+            .first()
+        )
+        if endpoint is not None:
+            converge(endpoint, now, load)
 
 
 def converge(endpoint: Endpoint, now: datetime, load: Load | None = None) -> None:
