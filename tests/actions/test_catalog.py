@@ -97,5 +97,5 @@ def test_it_refuses_a_duplicate_profile_name(world: World) -> None:
 
 def test_it_refuses_to_delete_a_profile_that_was_used(world: World) -> None:
     check_launch_instance(world.team_a, name="box", profile=world.gpu_1, acting_user=world.alice)
-    with refused(Conflict, "Profile gpu-1 has been used by instances or notebooks; unpublish it instead."):
+    with refused(Conflict, "Profile gpu-1 has been used by instances, notebooks or endpoints; unpublish it instead."):
         do_delete_profile(world.gpu_1, acting_user=world.admin)

@@ -38,7 +38,7 @@ from tests.sdk.conftest import LivePortal, until
 
 pytestmark = pytest.mark.slow
 
-PROFILE = "llama-cpu"
+PROFILE = "tests-cpu"
 MODEL = "models/tiny.gguf"
 # How long a replica of the tiny model may take to serve (it takes a few seconds).
 READY_S = 120
@@ -61,9 +61,14 @@ def model_in(live: LivePortal, workspace: str, relative: str = MODEL) -> str:
 
 
 def cpu_profile(live: LivePortal) -> str:
-    """The llama.cpp profile on CPU, published by the portal's admin (once per portal)."""
+    """The llama.cpp profile on CPU, published by the portal's admin (once per portal), the only
+    one published: the demo's own profiles are unpublished, so that it is the users' default."""
     with Client.login(live.url, "admin", live.passwords["admin"]) as admin:
-        if PROFILE not in [p.name for p in admin.profiles.inference()]:
+        names = [p.name for p in admin.profiles.inference()]
+        for name in names:
+            if name != PROFILE:
+                admin.request("PATCH", f"inference-profiles/{name}/", json={"published": False})
+        if PROFILE not in names:
             admin.request(
                 "POST", "inference-profiles/",
                 json={"name": PROFILE, "server": "llamacpp", "cpu_cores": 1, "memory_gb": 2, "concurrency": 2,
@@ -246,7 +251,9 @@ def test_bad_requests_are_refused_before_or_by_the_portal_and_leave_nothing(
 def test_another_tenants_endpoint_is_not_found(served: Client, live_portal: LivePortal) -> None:
     model_in(live_portal, "admin")
     with Client.login(live_portal.url, "admin", live_portal.passwords["admin"]) as admin:
-        theirs = admin.endpoints.create("theirs", workspace="admin", path=MODEL, min_replicas=0, scale_to_zero_s=60)
+        theirs = admin.endpoints.create(
+            "theirs", workspace="admin", path=MODEL, profile=PROFILE, min_replicas=0, scale_to_zero_s=60
+        )
         try:
             for attempt in (
                 lambda: served.endpoints.get(theirs.id),
