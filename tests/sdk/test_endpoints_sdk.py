@@ -95,8 +95,7 @@ def delete_live(client: Client, workspace: str) -> None:
 @contextmanager
 def prepared(live: LivePortal) -> Iterator[Client]:
     """A client of the demo user, with the profile published and the model in its workspaces
-    (written for each test: a workspace's disk, and its files, go once a test that ran a workload
-    in it is over); the endpoints a test leaves are deleted on the way out."""
+    (written where it is not yet); the endpoints a test leaves are deleted on the way out."""
     cpu_profile(live)
     for workspace in ("demo", "demo-team"):
         model_in(live, workspace)
