@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "apps.jobs",
     "apps.rayclusters",
     "apps.inference",
+    "apps.provisioning",
     "apps.scheduling",
     "apps.web",
     "apps.console",
@@ -624,6 +625,16 @@ PORTAL_INFERENCE_START_TIMEOUT_S = env_int("PORTAL_INFERENCE_START_TIMEOUT_S", 6
 PORTAL_INFERENCE_EXTRA_PRIORITY = env_int("PORTAL_INFERENCE_EXTRA_PRIORITY", -1000, minimum=-1000, maximum=1000)
 PORTAL_INFERENCE_WAIT_S = env_int("PORTAL_INFERENCE_WAIT_S", 60, minimum=0, maximum=3600)
 PORTAL_INFERENCE_MAX_BODY_BYTES = env_int("PORTAL_INFERENCE_MAX_BODY_BYTES", 4 * 2**20, minimum=1024)
+
+# GPU provisioning requests (docs/provisioning.md): a workspace's defaults where it has no policy of
+# its own: approved at once up to this long within its quota (0: an admin decides each), and the
+# longest any request may be.
+PORTAL_GPR_AUTO_APPROVE_MAX_S = env_int("PORTAL_GPR_AUTO_APPROVE_MAX_S", 86400, minimum=0, maximum=366 * 86400)
+PORTAL_GPR_MAX_DURATION_S = env_int("PORTAL_GPR_MAX_DURATION_S", 14 * 86400, minimum=600, maximum=366 * 86400)
+# The holder is warned this long before its reservation ends; a reservation its holder runs nothing
+# on for this long is reported idle.
+PORTAL_GPR_WARN_BEFORE_S = env_int("PORTAL_GPR_WARN_BEFORE_S", 3600, minimum=60, maximum=7 * 86400)
+PORTAL_GPR_IDLE_S = env_int("PORTAL_GPR_IDLE_S", 1800, minimum=60, maximum=7 * 86400)
 PORTAL_GANG_BACKOFF_S = env_int("PORTAL_GANG_BACKOFF_S", 60, minimum=1)
 PORTAL_GANG_BACKOFF_MAX_S = env_int("PORTAL_GANG_BACKOFF_MAX_S", 3600, minimum=1)
 # Limits a new private workspace gets; admins change them per workspace.

@@ -145,7 +145,8 @@ def _silence(request: Request, view: Any, obj: Any, do: Any) -> Any:
 class AlertRuleViewSet(TenantViewSet):
     """Threshold rules: `queue_wait` (seconds the oldest queued workload has waited), `quota_used`
     (% of a workspace's nominal GPU quota allocated), `gpu_idle` (% measured utilisation of the GPUs
-    a workspace holds, under which they are idle; where GPU telemetry exists), and, for platform
+    a workspace holds, under which they are idle; where GPU telemetry exists), `reservation_idle`
+    (seconds an active GPU reservation has run nothing of its workspace), and, for platform
     admins, `node_unhealthy` and `backend_failing` (failures in `window_s`). An alert fires once the
     condition has held for `for_s`, to `emails` and a signed `webhook_url` (see docs/operations.md)."""
 

@@ -14,6 +14,9 @@ The figures are the database's, the same /metrics gives (apps/monitoring/metrics
 - gpu_idle: the mean measured utilisation (apps/telemetry: each device's fresh sample) of the GPUs
   a workspace holds, in percent, under the threshold; one alert per workspace and GPU type. Where
   there is no telemetry nothing is measured, and nothing is found: no alert for want of figures.
+- reservation_idle: each active GPU reservation (apps/provisioning) its workspace has run nothing on
+  for more than the threshold, in seconds (of the rule's GPU type, if it names one); one alert per
+  reservation.
 
 An alert is pending from the first evaluation that finds its condition, firing once it has held
 for the rule's `for_s`, resolved at the first evaluation that no longer finds it (a pending one
@@ -40,6 +43,7 @@ from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
 from apps.inventory.models import Allocation, Node
+from apps.provisioning.models import ProvisioningRequest
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import FRESH_S, RAW
 from apps.workloads.kinds import scheduled
@@ -113,7 +117,28 @@ def conditions(rule: AlertRule, now: datetime) -> dict[str, Found]:
         return _backend_failing(rule, now)
     if rule.kind == kind.GPU_IDLE:
         return _gpu_idle(rule, now)
+    if rule.kind == kind.RESERVATION_IDLE:
+        return _reservation_idle(rule, now)
     return {}
+
+
+def _reservation_idle(rule: AlertRule, now: datetime) -> dict[str, Found]:
+    idle = ProvisioningRequest.objects.filter(
+        state=ProvisioningRequest.State.ACTIVE, idle_since__isnull=False
+    ).select_related("workspace")
+    if rule.workspace_id is not None:
+        idle = idle.filter(workspace_id=rule.workspace_id)
+    if rule.gpu_type:
+        idle = idle.filter(gpu_type=rule.gpu_type)
+    found = {}
+    for gpr in idle.order_by("pk"):
+        assert gpr.idle_since is not None
+        seconds = Decimal(max(0.0, (now - gpr.idle_since).total_seconds())).quantize(Decimal("0.01"))
+        if seconds > rule.threshold:
+            labels = {"workspace": gpr.workspace.name, "gpu_type": gpr.gpu_type, "gpr": str(gpr.pk),
+                      "gpus": str(gpr.gpus)}  # fmt: skip
+            found[f"gpr={gpr.pk}"] = Found(labels, seconds, gpr.workspace_id)
+    return found
 
 
 def _gpu_idle(rule: AlertRule, now: datetime) -> dict[str, Found]:

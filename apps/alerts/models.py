@@ -20,6 +20,7 @@ class AlertRule(models.Model):
         NODE_UNHEALTHY = "node_unhealthy", "Node unhealthy"
         BACKEND_FAILING = "backend_failing", "Workloads failing"
         GPU_IDLE = "gpu_idle", "GPUs held idle"
+        RESERVATION_IDLE = "reservation_idle", "Reservation idle"
 
     # Kinds only platform admins may define: about the platform, not one workspace.
     ADMIN_KINDS = (Kind.NODE_UNHEALTHY, Kind.BACKEND_FAILING)
@@ -30,6 +31,7 @@ class AlertRule(models.Model):
         Kind.NODE_UNHEALTHY: "(unused)",
         Kind.BACKEND_FAILING: "failures",
         Kind.GPU_IDLE: "% measured utilisation",
+        Kind.RESERVATION_IDLE: "seconds idle",
     }
 
     name = models.CharField(max_length=100)
@@ -63,8 +65,9 @@ class AlertRule(models.Model):
     @property
     def unit(self) -> str:
         """What its threshold and its alerts' values are in, short, for the pages: "s", "%", ..."""
-        return {self.Kind.QUEUE_WAIT: " s", self.Kind.QUOTA_USED: " %", self.Kind.GPU_IDLE: " %",
-                self.Kind.BACKEND_FAILING: " failures"}.get(self.kind, "")  # fmt: skip
+        units = {self.Kind.QUEUE_WAIT: " s", self.Kind.QUOTA_USED: " %", self.Kind.GPU_IDLE: " %",
+                 self.Kind.BACKEND_FAILING: " failures", self.Kind.RESERVATION_IDLE: " s"}  # fmt: skip
+        return units.get(self.kind, "")
 
     @property
     def channels(self) -> list[str]:

@@ -120,6 +120,16 @@ class Event(StrEnum):
     ENDPOINT_PREEMPT = "endpoint.preempt"  # a replica was preempted
     ENDPOINT_REPLICA_FAILED = "endpoint.replica_failed"
     ENDPOINT_FAILED = "endpoint.failed"
+    # GPU provisioning requests (apps/provisioning)
+    GPR_REQUEST = "gpr.request"
+    GPR_APPROVE = "gpr.approve"
+    GPR_REJECT = "gpr.reject"
+    GPR_MODIFY = "gpr.modify"
+    GPR_CANCEL = "gpr.cancel"
+    GPR_RELEASE = "gpr.release"
+    GPR_BEGIN = "gpr.begin"
+    GPR_END = "gpr.end"
+    GPR_POLICY_SET = "gpr.policy_set"
 
     # What-if replays (apps/scheduling/whatif.py): an admin's replay of the portal's history
     WHATIF_START = "whatif.start"

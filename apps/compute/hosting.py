@@ -29,6 +29,7 @@ from apps.alerts import evaluate as alert_evaluation
 from apps.compute import actions, culling, proxy
 from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
+from apps.provisioning.models import backend_reservation
 from apps.scheduling.trigger import request_environment_build, request_workload
 from apps.workloads import claims, host
 from apps.workloads.host import Kind, Phase
@@ -93,6 +94,7 @@ class InstanceKind(Kind):
             users=sorted(members),
             run_as=run_as_for(instance.workspace, instance.cluster),
             disk=disk_for(instance.workspace, instance.cluster),
+            reservation=backend_reservation(instance),
             portal_env=workload_env(instance),
             # Its own directory, not the workspace's: an instance may be shared with collaborators.
             writable_dir=instance_dir(instance),

@@ -21,6 +21,7 @@ from apps.accounts.tokens import workload_env
 from apps.inventory.models import Allocation
 from apps.jobs import actions, artifacts
 from apps.jobs.models import Job
+from apps.provisioning.models import backend_reservation
 from apps.workloads.host import STOP_GRACE_S, Kind, Phase
 from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
@@ -84,6 +85,7 @@ class JobKind(Kind):
             artifact_paths=list(job.artifact_paths),
             run_as=run_as_for(job.workspace, job.cluster),
             disk=disk_for(job.workspace, job.cluster),
+            reservation=backend_reservation(job),
             portal_env=workload_env(job),  # the SDK and CLI work in the job, acting for its submitter
         )
 

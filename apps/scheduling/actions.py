@@ -40,6 +40,7 @@ class Admission:
     cluster_id: int | None
     replicas: tuple[AdmittedReplica, ...] = ()
     borrowed: Decimal = Decimal("0")
+    reservation_id: int | None = None  # the provisioning request whose reserved devices it runs on
 
     def placement(self) -> list[dict[str, object]]:
         """The placement as the audit event records it."""
@@ -71,6 +72,7 @@ def do_admit_workload(row: Workload, admission: Admission) -> bool:
             workspace_queue_position=None,
             cluster_queue_position=None,
             estimated_start_at=None,
+            reservation_id=admission.reservation_id,
         )
         if not claimed:
             return False
@@ -95,7 +97,11 @@ def do_admit_workload(row: Workload, admission: Admission) -> bool:
             Event(traits.admit_event),
             kind(row.kind).model.objects.get(pk=row.pk),  # the event names the kind's own row
             workspace=row.workspace,
-            data={"placement": admission.placement(), "borrowed": str(admission.borrowed)},
+            data={
+                "placement": admission.placement(),
+                "borrowed": str(admission.borrowed),
+                **({"reservation": admission.reservation_id} if admission.reservation_id else {}),
+            },
         )
         notify(row.workspace_id, row.kind, {"id": row.pk, "state": new_state})
         request_workload(row.kind, row.pk)

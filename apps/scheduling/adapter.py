@@ -18,10 +18,11 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.inventory.models import GPU, Allocation, Cluster, Node
+from apps.provisioning.models import ProvisioningRequest
 from apps.scheduling import engine
 from apps.scheduling.actions import Admission, AdmittedDevice, AdmittedReplica, do_admit_workload
 from apps.scheduling.models import FairShareUsage
-from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S
+from apps.scheduling.types import OBSERVED_RUNS, OBSERVED_WITHIN_S, Reservation
 from apps.workloads.kinds import scheduled
 from apps.workloads.models import PodSet, Workload
 from apps.workspaces.live import notify
@@ -166,6 +167,7 @@ def _as_workload(
         started_at=_ts(row.started_at or row.admitted_at),
         cluster=_cluster_name(row, pending=allocations is None),
         placement=placement,
+        reservation=f"gpr:{row.reservation_id}" if allocations is not None and row.reservation_id else None,
     )
 
 
@@ -292,8 +294,42 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         pending=tuple(_as_workload(r, None, observed, details) for r in pending),
         now=now.timestamp(),
         policy=rules,
+        reservations=reservations(now),
     )
     return Loaded(snapshot, {_key(r): r for r in [*pending, *running]}, refs)
+
+
+def reservations(now: datetime) -> tuple[Reservation, ...]:
+    """The approved provisioning requests not yet ended, as the engine's reservations: their
+    devices by the engine's node names."""
+    held = (
+        ProvisioningRequest.objects.filter(state__in=ProvisioningRequest.HOLDING_STATES, held_end__gt=now)
+        .select_related("workspace", "held_cluster")
+        .prefetch_related("devices")
+        .order_by("held_start", "id")
+    )
+    return tuple(as_reservation(gpr) for gpr in held if gpr.held_start is not None)
+
+
+def as_reservation(gpr: ProvisioningRequest) -> Reservation:
+    assert gpr.held_start is not None and gpr.held_end is not None and gpr.held_cluster is not None
+    devices = sorted((_node_name(gpu.node_id, gpu.gpu_type), gpu.index) for gpu in gpr.devices.all())
+    return Reservation(
+        key=gpr.key,
+        workspace=gpr.workspace.name,
+        cluster=gpr.held_cluster.name,
+        gpu_type=gpr.gpu_type,
+        devices=tuple(devices),
+        start=gpr.held_start.timestamp(),
+        end=gpr.held_end.timestamp(),
+        label=reservation_label(gpr.workspace.name, gpr.held_start, gpr.held_end),
+    )
+
+
+def reservation_label(workspace: str, start: datetime, end: datetime) -> str:
+    """How the queue's reasons name a reservation: "team-b's reservation, Mon 27 Nov 09:00-Thu 30 Nov
+    09:00 UTC"."""
+    return f"{workspace}'s reservation, {start:%a %d %b %H:%M}-{end:%a %d %b %H:%M} UTC"
 
 
 def _admit(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> bool:
@@ -320,7 +356,8 @@ def _admission(row: Row, decision: engine.Admit, nodes: dict[str, NodeRef]) -> A
         )
         for n, replica in enumerate(decision.placement)
     )
-    return Admission(_cluster_id(row, decision.cluster), replicas, decision.borrowed)
+    reservation = int(decision.reservation.removeprefix("gpr:")) if decision.reservation else None
+    return Admission(_cluster_id(row, decision.cluster), replicas, decision.borrowed, reservation)
 
 
 def _cluster_id(row: Row, cluster: str | None) -> int | None:
@@ -365,7 +402,7 @@ def run_cycle() -> CycleResult:
     with transaction.atomic():
         _lock_cycle()
         loaded = load_snapshot()
-        if not loaded.snapshot.pending:
+        if not loaded.snapshot.pending and not loaded.snapshot.reservations:
             return result
         decisions = engine.schedule(loaded.snapshot)
         # Victims first: the workloads admitted for them take the devices they free.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import cast
@@ -33,7 +33,7 @@ from typing import cast
 from apps.scheduling.estimates import LINE as ESTIMATED_LINE
 from apps.scheduling.estimates import StartEstimates
 from apps.scheduling.ledger import Ledger
-from apps.scheduling.placement import Pool, PoolNode
+from apps.scheduling.placement import Fences, Placed, Pool, PoolNode, place_apart, place_shapes
 from apps.scheduling.preemption import Preemption
 from apps.scheduling.types import (
     UNIT,
@@ -48,6 +48,7 @@ from apps.scheduling.types import (
     Quota,
     Reject,
     ReplicaPlacement,
+    Reservation,
     Snapshot,
     Workload,
     WorkspaceInfo,
@@ -217,11 +218,27 @@ class Engine:
         # (max_preemption_tries): a later cycle may decide otherwise even if nothing else changes.
         self.cut_short = False
         self.wanting: dict[str, frozenset[str]] | None = None  # per pass, see _would_borrow
+        # Reservations (see set_reservations): all of them, by key, those not yet ended in the current
+        # pass, their fenced devices, and the running work placed on one (uncounted while it is active).
+        self.reservations: tuple[Reservation, ...] = ()
+        self.reservation_by_key: dict[str, Reservation] = {}
+        self.unended: tuple[Reservation, ...] = ()
+        self.fences = Fences()
+        self.reserved_runs: dict[str, _Running] = {}
 
     # -- feeding it --------------------------------------------------------------------------------
 
+    def set_reservations(self, reservations: Sequence[Reservation]) -> None:
+        """The approved reservations, ended ones included or not (those are ignored); they take
+        effect at the next `cycle`. Call it before `submit`, so that work only a reservation of its
+        workspace can hold is not rejected as never fitting."""
+        self.reservations = tuple(sorted(reservations, key=lambda r: (r.start, r.key)))
+        self.reservation_by_key = {r.key: r for r in self.reservations}
+
     def add_running(self, workload: Workload) -> None:
-        """A workload already running: its placement's shares are already out of the nodes' free."""
+        """A workload already running: its placement's shares are already out of the nodes' free.
+        One placed on a reservation (`workload.reservation`) is uncounted against its workspace's
+        quota while that reservation is active."""
         pool = self.pools.get((workload.cluster or "", workload.gpu_type))
         held = []
         if pool is not None:
@@ -231,7 +248,12 @@ class Engine:
                     continue
                 positions = {index: p for p, index in enumerate(node.indexes)}
                 held.append((node, [(positions[i], units_of(s)) for i, s in replica.devices if i in positions]))
-        self._start(_Running(workload, pool, held, workload.units))
+        running = _Running(workload, pool, held, workload.units)
+        if workload.reservation is not None:
+            self.reserved_runs[workload.key] = running
+            if self._active(workload.reservation):
+                running.units = 0
+        self._start(running)
 
     def _start(self, running: _Running) -> None:
         w = running.workload
@@ -247,6 +269,8 @@ class Engine:
 
     def _stop(self, key: str) -> _Running:
         running = self.running.pop(key)
+        if self.reserved_runs:
+            self.reserved_runs.pop(key, None)
         del self.running_by[running.workload.workspace, running.workload.gpu_type][key]
         for node, _ in running.held:
             self.on_node[node].pop(key, None)
@@ -293,7 +317,7 @@ class Engine:
             return ""
         gpu_type, total = workload.gpu_type, units * workload.replicas
         ceiling = self.ledger.ceiling(workload.workspace, gpu_type, self.cohort_lendable)
-        if total > ceiling and not self.shared:
+        if total > ceiling and not self.shared and not self._reservation_may_hold(workload):
             return (
                 f"can never run: asks for {fmt_units(total)} {gpu_type} but workspace {workload.workspace} "
                 f"can hold at most {fmt_units(ceiling)}"
@@ -364,6 +388,8 @@ class Engine:
         decisions = Decisions(rejected=self.rejected)
         self.rejected = []
         reasons: dict[str, str] = {}
+        if self.reservations or self.fences or self.reserved_runs:
+            self._fence_reservations(now, decisions)
         if self.fifo:
             self._fifo_pass(now, decisions, reasons)
         elif self.shared:
@@ -382,18 +408,26 @@ class Engine:
         return decisions
 
     def _admit(self, workload: Workload, pool: Pool | None, placed: list[tuple[PoolNode, list[tuple[int, int]]]],
-               borrowed: int, decisions: Decisions) -> None:  # fmt: skip
+               borrowed: int, decisions: Decisions, reservation: str | None = None) -> None:  # fmt: skip
+        """Start `workload` where it was placed; on a reservation's devices, uncounted against quota."""
         del self.pending[workload.key]
         self.queues[workload.workspace].remove(workload)
         started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
         self.admitted_now.add(workload.key)
         self.ledger.repaid(workload.workspace, workload.gpu_type, workload.units)
-        self._start(_Running(started, pool, placed, workload.units))
+        if reservation is None:
+            self._start(_Running(started, pool, placed, workload.units))
+        else:
+            started = replace(started, reservation=reservation)
+            self.reserved_runs[workload.key] = running = _Running(started, pool, placed, 0)
+            self._start(running)
         placement = tuple(
             ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
             for node, devices in placed
         )
-        decisions.admitted.append(Admit(workload.key, pool.cluster if pool else None, placement, gpus_of(borrowed)))
+        decisions.admitted.append(
+            Admit(workload.key, pool.cluster if pool else None, placement, gpus_of(borrowed), reservation)
+        )
 
     def _try_place(self, workload: Workload) -> tuple[Pool, list[tuple[PoolNode, list[tuple[int, int]]]]] | None:
         if workload.more:
@@ -446,6 +480,8 @@ class Engine:
         if workload.units == 0:
             self._admit(workload, None, [], 0, decisions)
             return "", ""
+        if self.unended and self._admit_in_reservation(workload, decisions):
+            return "", ""
         held = self._held_for_another(workload)
         if held:
             return "held", held
@@ -454,14 +490,16 @@ class Engine:
         if not fits:
             return "quota", reason
         if self._unplaceable(workload):
-            return "placement", self._shortage(workload)
+            return "placement", self._placement_refused(workload)
         found = self._try_place(workload)
+        if found is None and self.unended:
+            found = self._try_place_fenced(workload)
         if found is None:
             if not workload.more:
                 shape = (workload.replica_units, workload.replicas)
                 self.unplaceable[workload.gpu_type, workload.cluster].append(shape)
             self.memos += 1
-            return "placement", self._shortage(workload)
+            return "placement", self._placement_refused(workload)
         self._admit(workload, found[0], found[1], borrowed, decisions)
         return "", ""
 
@@ -483,6 +521,8 @@ class Engine:
         that may backfill held nodes."""
         if workload.more or (workload.max_runtime_s is not None and self.held_until):
             return False
+        if self.unended and (workload.preemptible or workload.max_runtime_s is not None):
+            return False  # it may backfill fenced devices
         share, replicas = workload.replica_units, workload.replicas
         return any(
             s <= share and r <= replicas for s, r in self.unplaceable.get((workload.gpu_type, workload.cluster), ())
@@ -498,7 +538,7 @@ class Engine:
         says (which no eviction changes)."""
         known = blocked.get((workload.workspace, workload.gpu_type))
         units = workload.units
-        if quick and known is not None and units >= known[0]:
+        if quick and known is not None and units >= known[0] and not self.unended:
             held = self._held_for_another(workload)
             return ("held", held) if held else ("quota", known[1])
         kind, reason = self._try_admit(workload, decisions)
@@ -506,6 +546,11 @@ class Engine:
             blocked[workload.workspace, workload.gpu_type] = (units, reason)
             self.memos += 1
         return kind, reason
+
+    def _placement_refused(self, workload: Workload) -> str:
+        """Why placement refused it; naming the reservations whose devices it would have fit on."""
+        reason = self._shortage(workload)
+        return reason + self._fenced_note(workload) if self.unended else reason
 
     def _shortage(self, workload: Workload) -> str:
         nodes = "a node" if workload.replicas == 1 else f"{workload.replicas} nodes"
@@ -723,6 +768,8 @@ class Engine:
         queue = self.queues[name]
         if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
             return _NONE
+        if self.unended:  # work may go into its workspace's reservation, or backfill fenced devices
+            return _NONE
         if self.held_until and queue.declared:
             return _NONE
         top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
@@ -882,6 +929,177 @@ class Engine:
             end = max(end, started + limit)
         return end
 
+    # -- reservations ------------------------------------------------------------------------------
+
+    def _active(self, key: str) -> bool:
+        """Whether reservation `key` is known and under way at the engine's clock."""
+        reservation = self.reservation_by_key.get(key)
+        now = self.clock or 0.0
+        return reservation is not None and reservation.start <= now < reservation.end
+
+    def _reservation_may_hold(self, workload: Workload) -> bool:
+        """Whether a reservation of its workspace, not yet ended, has as many devices as it asks for."""
+        now = self.clock or 0.0
+        return any(
+            r.workspace == workload.workspace and r.gpu_type == workload.gpu_type and r.end > now
+            and (not workload.cluster or workload.cluster == r.cluster) and r.gpus * UNIT >= workload.units
+            for r in self.reservations
+        )  # fmt: skip
+
+    def _fence_reservations(self, now: float, decisions: Decisions) -> None:
+        """At the start of a pass: give back the last pass's fences, count or uncount the work on
+        reservations as they began or ended, evict other workspaces' work from reservations about to
+        begin, and fence the devices of every reservation not yet ended (what is free of them is
+        out of their pools until opened, see _opens). Work running on fenced devices is no victim of
+        preemption: what it gives back would go to the reservation, not to the work it is evicted for."""
+        self.fences.lift()
+        self.unended = tuple(r for r in self.reservations if r.end > now)
+        if self.reserved_runs:
+            self._settle_reserved_runs()
+        for reservation in self.unended:
+            if now >= reservation.start - self.policy.grace_s:
+                self._evict_for(reservation, decisions)
+        kept: set[str] = set()
+        for reservation in self.unended:
+            for pool, node, position in self._devices_of(reservation):
+                self.fences.add(reservation.key, pool, node, position)
+                kept.update(running.workload.key for running in self._running_on(node, position))
+        self.preemption.kept = frozenset(kept)
+
+    def _settle_reserved_runs(self) -> None:
+        """Work placed on a reservation counts against its workspace's quota only while the
+        reservation is not under way (once it ended, it is ordinary work)."""
+        for running in self.reserved_runs.values():
+            workload = running.workload
+            units = 0 if workload.reservation is not None and self._active(workload.reservation) else workload.units
+            if units != running.units:
+                self.ledger.add(workload.workspace, workload.gpu_type, units - running.units)
+                self.shares.pop(workload.workspace, None)
+                running.units = units
+                self.preemption.changed(running, stopped=False)
+
+    def _devices_of(self, reservation: Reservation) -> list[tuple[Pool, PoolNode, int]]:
+        """The reservation's devices the engine knows: (pool, node, position)."""
+        pool = self.pools.get((reservation.cluster, reservation.gpu_type))
+        if pool is None:
+            return []
+        found = []
+        for name, index in reservation.devices:
+            node = pool.nodes.get(name)
+            if node is not None and index in node.indexes:
+                found.append((pool, node, node.indexes.index(index)))
+        return found
+
+    def _running_on(self, node: PoolNode, position: int) -> list[_Running]:
+        """The running work holding a share of one device."""
+        return [
+            running
+            for running in self.on_node[node].values()
+            if any(held is node and any(p == position for p, _ in devices) for held, devices in running.held)
+        ]
+
+    def _evict_for(self, reservation: Reservation, decisions: Decisions) -> None:
+        """From `grace_s` before it begins: evict other workspaces' work from the reservation's
+        devices, except work on another reservation under way that overlaps this one (the two were
+        never to share devices: the first placed keeps them), and, until it begins, work declared to
+        end by then (its limit stops it in time)."""
+        now = self.clock or 0.0
+        label = reservation.label or f"reservation {reservation.key}"
+        for _, node, position in self._devices_of(reservation):
+            for running in self._running_on(node, position):
+                workload = running.workload
+                if workload.workspace == reservation.workspace:
+                    continue
+                inside = self.reservation_by_key.get(workload.reservation or "")
+                if inside is not None and self._active(inside.key) and inside.end > reservation.start:
+                    continue
+                limit, started = workload.max_runtime_s, workload.started_at
+                declared_end = None if limit is None else (now if started is None else started) + limit
+                if now < reservation.start and declared_end is not None and declared_end <= reservation.start:
+                    continue
+                self._stop(workload.key)
+                grace = self.policy.grace_s if workload.checkpointable else 0.0
+                reason = f"preempted: the devices it runs on are held for {label}"
+                decisions.preempted.append(Preempt(workload.key, reason, reservation.key, grace))
+
+    def _opens(self, workload: Workload, reservation: Reservation) -> bool:
+        """Whether `workload` may be placed on the reservation's fenced devices the ordinary way:
+        before it begins, if declared to end by then, or if preemptible and placed before it is
+        evicted (`grace_s` before it begins)."""
+        now = self.clock or 0.0
+        if now >= reservation.start:
+            return False
+        return self._ends_by(workload, reservation.start) or (
+            workload.preemptible and now < reservation.start - self.policy.grace_s
+        )
+
+    def _admit_in_reservation(self, workload: Workload, decisions: Decisions) -> bool:
+        """Admit the workload on the free devices of a reservation of its workspace under way, alone
+        (every replica and pod set, or none), uncounted against quota; False if none holds it. A later
+        reservation of the same devices takes them back as from any other work (see _evict_for)."""
+        now = self.clock or 0.0
+        for reservation in self.unended:
+            if (
+                reservation.workspace != workload.workspace
+                or reservation.gpu_type != workload.gpu_type
+                or reservation.start > now
+                or (workload.cluster and workload.cluster != reservation.cluster)
+            ):
+                continue
+            pool, free = self.fences.free_of(reservation.key)
+            if pool is None or sum(units for _, _, units in free) < workload.units:
+                continue
+            placed = place_apart(pool, free, workload.shapes)
+            if placed is not None:
+                self.fences.use(placed)
+                self._admit(workload, pool, placed, 0, decisions, reservation=reservation.key)
+                return True
+        return False
+
+    def _try_place_fenced(self, workload: Workload) -> tuple[Pool, Placed] | None:
+        """A second try, with the fenced devices of the reservations it may use (_opens) opened; what
+        is left free of them is fenced again."""
+        by_key = self.reservation_by_key
+
+        def opens(keys: list[str]) -> bool:
+            return all(self._opens(workload, by_key[key]) for key in keys)
+
+        for pool in self._pools_for(workload):
+            opened = self.fences.open(pool, opens)
+            if not opened:
+                continue
+            try:
+                placed = place_shapes(pool, workload.shapes)
+            finally:
+                self.fences.close(pool, opened)
+            if placed is not None:
+                return pool, placed
+        return None
+
+    def _fenced_note(self, workload: Workload) -> str:
+        """How a refusal names the reservations whose devices the workload would have fit with:
+        placed with every fence opened (then given back), the reservations of the fenced devices
+        that placement took; "" if it would not have fit either."""
+        for pool in self._pools_for(workload):
+            opened = self.fences.open(pool, lambda keys: True)
+            if not opened:
+                continue
+            try:
+                placed = place_shapes(pool, workload.shapes)
+                if placed is not None:
+                    for node, devices in reversed(placed):
+                        pool.give(node, devices)
+            finally:
+                self.fences.close(pool, opened)
+            spots = set(opened)
+            used = {(node, p) for node, devices in placed or () for p, _ in devices if (node, p) in spots}
+            if used:
+                keys = dict.fromkeys(key for spot in opened if spot in used for key in self.fences.covers[spot])
+                labels = [r.label or f"reservation {r.key}" for r in map(self.reservation_by_key.__getitem__, keys)]
+                held = " and ".join(dict.fromkeys(labels))
+                return f": {len(used)} of them {'is' if len(used) == 1 else 'are'} held for {held}"
+        return ""
+
     # -- preemption --------------------------------------------------------------------------------
 
     def _preempt_for(self, workload: Workload, now: float, decisions: Decisions) -> bool:
@@ -938,6 +1156,8 @@ def schedule(snapshot: Snapshot) -> Decisions:
     """One cycle over a snapshot: admit what fits, preempt where the rules call for it, explain the rest."""
     engine = Engine(snapshot.workspaces, snapshot.nodes, snapshot.policy)
     engine.clock = snapshot.now
+    if snapshot.reservations:
+        engine.set_reservations(snapshot.reservations)
     for workload in sorted(snapshot.running, key=lambda w: w.key):
         engine.add_running(workload)
     for workload in sorted(snapshot.pending, key=lambda w: (w.seq, w.key)):
@@ -947,5 +1167,5 @@ def schedule(snapshot: Snapshot) -> Decisions:
 
 __all__ = [
     "Admit", "Decisions", "Device", "Engine", "NodeInfo", "Pending", "Policy", "Preempt", "Quota", "Reject",
-    "ReplicaPlacement", "Snapshot", "Workload", "WorkspaceInfo", "schedule",
+    "ReplicaPlacement", "Reservation", "Snapshot", "Workload", "WorkspaceInfo", "schedule",
 ]  # fmt: skip

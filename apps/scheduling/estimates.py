@@ -7,13 +7,13 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import insort
-from collections import deque
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
 from apps.scheduling.placement import Pool
-from apps.scheduling.types import UNIT, Policy, Workload
+from apps.scheduling.types import UNIT, Policy, Reservation, Workload
 
 # How much longer a run that has passed its expected runtime is expected to go on, as a share of how
 # long it has run. Set on the Philly trace (docs/benchmarks.md) so that about as many jobs start
@@ -67,6 +67,9 @@ class EngineView(Protocol):
 
     @property
     def policy(self) -> Policy: ...
+
+    @property
+    def reservations(self) -> Sequence[Reservation]: ...
 
 
 class _Group:
@@ -319,7 +322,29 @@ class StartEstimates:
             for group in changed.values():
                 if group.needs:
                     heappush(heaps[group.key[1]], self._rank(group, order, used))
+        if self.engine.reservations:
+            self._after_reservations(now, order, starts)
         return starts
+
+    def _after_reservations(self, now: float, order: list[Workload], starts: list[float | None]) -> None:
+        """No estimate earlier than the end of the reservations a workload needs: those of other
+        workspaces, not ended, that it is not declared to end before, whose devices it could not do
+        without (counted on the empty nodes; see `reserved_until`)."""
+        known: dict[tuple[str, str, str | None, int, int, float | None], float] = {}
+        for index, workload in enumerate(order):
+            start = starts[index]
+            if start is None or not workload.units:
+                continue
+            shape = (workload.workspace, workload.gpu_type, workload.cluster, workload.widest_units,
+                     workload.all_replicas, workload.max_runtime_s)  # fmt: skip
+            until = known.get(shape)
+            if until is None:
+                pools = self.engine.pools_by_type.get(workload.gpu_type, [])
+                if workload.cluster:
+                    pools = [pool for pool in pools if pool.cluster == workload.cluster]
+                until = known[shape] = reserved_until(workload, now, self.engine.reservations, pools)
+            if until > start:
+                starts[index] = until
 
     def _make_group(
         self,
@@ -400,3 +425,38 @@ class StartEstimates:
             return self.ledger.ceiling(name, gpu_type, self.lendable) - self.ledger.used[name, gpu_type]
         _, cohort, gpu_type = scope
         return self._cohort_quota(cohort, gpu_type) - sum(self.ledger.used[m, gpu_type] for m in self._members(cohort))
+
+
+def reserved_until(workload: Workload, now: float, reservations: Sequence[Reservation], pools: list[Pool]) -> float:
+    """The earliest moment from which `workload` fits one of `pools` (counted on their empty nodes,
+    its pod sets as replicas of the widest) without the devices of the reservations that stand in
+    its way then: other workspaces' reservations not yet ended that it is not declared to end
+    before. `now` if it fits beside all of them; `now` too if it never fits (that is said
+    elsewhere)."""
+    limit = workload.max_runtime_s
+    blocking = [
+        r for r in reservations
+        if r.end > now and r.workspace != workload.workspace and r.gpu_type == workload.gpu_type
+        and not (limit is not None and now + limit <= r.start)
+    ]  # fmt: skip
+    share, replicas = workload.widest_units, workload.all_replicas
+    for moment in sorted({now, *(r.end for r in blocking)}):
+        for pool in pools:
+            reserved = Counter(
+                name for r in blocking if r.end > moment and r.cluster == pool.cluster for name, _ in set(r.devices)
+            )
+            if _holds(pool, reserved, share, replicas):
+                return moment
+    return now
+
+
+def _holds(pool: Pool, reserved: Counter[str], share: int, replicas: int) -> bool:
+    """Whether the pool's nodes, empty but for `reserved` devices (a count per node), hold `replicas`
+    replicas of `share` thousandths: whole devices on one node each, or shares of one device."""
+    per_device = UNIT // share if share < UNIT else 0
+    per_replica = max(1, share // UNIT)
+    held = 0
+    for node in pool.nodes.values():
+        devices = max(0, node.capacity - reserved.get(node.name, 0))
+        held += devices * per_device if per_device else devices // per_replica
+    return held >= replicas

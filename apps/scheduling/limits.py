@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from decimal import Decimal
 
+from django.utils import timezone
+
 from apps.errors import ActionError, LimitExceeded
 from apps.inventory.models import GPU
+from apps.provisioning.models import ProvisioningRequest
 from apps.scheduling.types import SHARES, SHARES_TEXT
 from apps.workspaces.models import GPUQuota, Workspace
 
@@ -62,7 +65,24 @@ def replica_slots(node_sizes: list[int], gpus_per_replica: Decimal) -> int:
 
 
 def gpu_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
-    """The most GPUs of a type the workspace could ever hold at once, and how that is made up."""
+    """The most GPUs of a type one workload of the workspace could ever be given, and how that is made
+    up: its quota's, or its largest reservation's if that is more (a workload runs in one or the other)."""
+    ceiling, how = _quota_ceiling(workspace, gpu_type)
+    reserved = (
+        ProvisioningRequest.objects.filter(
+            workspace=workspace, gpu_type=gpu_type, state__in=ProvisioningRequest.HOLDING_STATES,
+            held_end__gt=timezone.now(),
+        )
+        .order_by("-gpus")
+        .values_list("gpus", flat=True)
+        .first()
+    )  # fmt: skip
+    if reserved is not None and reserved > ceiling:
+        return Decimal(reserved), f"its reservation of {reserved}"
+    return ceiling, how
+
+
+def _quota_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     quota = GPUQuota.objects.filter(workspace=workspace, gpu_type=gpu_type).first()
     if quota is None:  # the engine gives a type without a quota row nothing, borrowed or not
         return Decimal("0"), f"no {gpu_type} quota"

@@ -8,10 +8,12 @@ where work goes depends on the free devices alone, not on the order in which the
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from heapq import heappop, heappush, nsmallest
 from typing import Generic, TypeVar
 
-from apps.scheduling.types import UNIT, NodeInfo, units_of
+from apps.scheduling.types import UNIT, Device, NodeInfo, gpus_of, units_of
 
 K = TypeVar("K", str, tuple[str, int])
 V = TypeVar("V")
@@ -228,3 +230,113 @@ class Pool:
             self.take(*fit)
             placed.append(fit)
         return placed
+
+
+Placed = list[tuple[PoolNode, list[tuple[int, int]]]]  # (node, [(device position, thousandths)]) per replica
+Spot = tuple[PoolNode, int]  # a device: its node, its position there
+
+
+def place_shapes(pool: Pool, shapes: Sequence[tuple[int, int]]) -> Placed | None:
+    """Every pod set of `shapes` ((thousandths per replica, replicas)) in `pool`, each by its own
+    shape, or none: its replicas in order, the first pod set's first."""
+    placed: Placed = []
+    for share, replicas in shapes:
+        if not share:
+            continue
+        more = pool.place(share, replicas)
+        if more is None:
+            for node, devices in reversed(placed):
+                pool.give(node, devices)
+            return None
+        placed.extend(more)
+    return placed
+
+
+def place_apart(
+    pool: Pool, devices: Sequence[tuple[PoolNode, int, int]], shapes: Sequence[tuple[int, int]]
+) -> Placed | None:
+    """`place_shapes` on `devices` alone ((node, position, free thousandths)), as `pool` would place
+    there (binpack or spread), or None; nothing is taken: the caller takes what it uses from
+    wherever those shares are kept."""
+    by_node: dict[PoolNode, list[Device]] = defaultdict(list)
+    for node, position, free in devices:
+        by_node[node].append(Device(position, gpus_of(free)))  # positions stand in for indexes
+    apart = [
+        PoolNode(NodeInfo(node.name, node.cluster, node.gpu_type, tuple(found))) for node, found in by_node.items()
+    ]
+    placed = place_shapes(Pool(pool.cluster, pool.gpu_type, apart, pool.spread), shapes)
+    if placed is None:
+        return None
+    real = {node.name: node for node in by_node}
+    return [(real[node.name], [(node.indexes[p], share) for p, share in taken]) for node, taken in placed]
+
+
+class Fences:
+    """Devices kept out of their pools for reservations (each named by a key): whatever share of a
+    device is free when it is fenced is taken out of its pool, so that no placement sees it until
+    it is opened. What running work gives back there between two `lift`s goes to the pool, and is
+    fenced again by the next round of `add`."""
+
+    def __init__(self) -> None:
+        self.taken: dict[Spot, int] = {}  # per device: the thousandths taken out of its pool
+        self.covers: dict[Spot, list[str]] = {}  # per device: the keys that fence it
+        self.in_pool: dict[Pool, list[Spot]] = defaultdict(list)  # the fenced devices of each pool
+        self.of_key: dict[str, tuple[Pool, list[Spot]]] = {}  # each key's pool and devices
+
+    def __bool__(self) -> bool:
+        return bool(self.covers)
+
+    def lift(self) -> None:
+        """Give every fenced share back to its pool and forget the fences."""
+        for pool, spots in self.in_pool.items():
+            for node, position in spots:
+                taken = self.taken[node, position]
+                if taken:
+                    pool.give(node, [(position, taken)])
+        self.taken.clear()
+        self.covers.clear()
+        self.in_pool.clear()
+        self.of_key.clear()
+
+    def add(self, key: str, pool: Pool, node: PoolNode, position: int) -> None:
+        """Fence a device for `key`: the first fence takes its free share out of the pool."""
+        spot = (node, position)
+        covers = self.covers.get(spot)
+        if covers is None:
+            covers = self.covers[spot] = []
+            self.in_pool[pool].append(spot)
+            free = node.free[position]
+            self.taken[spot] = free
+            if free:
+                pool.take(node, [(position, free)])
+        covers.append(key)
+        self.of_key.setdefault(key, (pool, []))[1].append(spot)
+
+    def open(self, pool: Pool, opens: Callable[[list[str]], bool]) -> list[Spot]:
+        """Give back to `pool` the fenced devices whose keys `opens` lets through; `close` them again."""
+        opened = [spot for spot in self.in_pool.get(pool, ()) if opens(self.covers[spot])]
+        for spot in opened:
+            taken = self.taken[spot]
+            if taken:
+                self.taken[spot] = 0
+                pool.give(spot[0], [(spot[1], taken)])
+        return opened
+
+    def close(self, pool: Pool, opened: list[Spot]) -> None:
+        """Fence again what is left free of the `opened` devices."""
+        for node, position in opened:
+            free = node.free[position]
+            if free:
+                pool.take(node, [(position, free)])
+                self.taken[node, position] += free
+
+    def free_of(self, key: str) -> tuple[Pool | None, list[tuple[PoolNode, int, int]]]:
+        """`key`'s pool and its fenced devices with a free share: (node, position, thousandths)."""
+        pool, spots = self.of_key.get(key, (None, []))
+        return pool, [(n, p, self.taken[n, p]) for n, p in spots if self.taken[n, p]]
+
+    def use(self, placed: Placed) -> None:
+        """Work placed on fenced shares (`place_apart`) holds them now: they are no longer the fence's."""
+        for node, devices in placed:
+            for position, share in devices:
+                self.taken[node, position] -= share

@@ -147,6 +147,9 @@ class Preemption:
         self.ranked: dict[tuple[str, str], list[Ranked]] = {}
         # The victims found per kind of search in this pass, less those evicted since (see changed).
         self.found: dict[tuple[str, str, int, bool, frozenset[str], float], list[RunningWork]] = {}
+        # Running work that is never a victim (the engine's, per pass): on devices fenced for a
+        # reservation, what it gives back goes to the reservation, not to the work it is evicted for.
+        self.kept: Collection[str] = EMPTY
 
     def may_preempt_for(self, workload: Workload) -> bool:
         """Preemption is for work within its workspace's nominal quota, or above lower-priority
@@ -457,6 +460,8 @@ class Preemption:
             chosen += [ranked[4] for ranked in group]
         if self.policy.min_runtime_s <= 0:  # work admitted in this pass is not too young: spare it
             chosen = [running for running in chosen if running.workload.key not in spared]
+        if self.kept:
+            chosen = [running for running in chosen if running.workload.key not in self.kept]
         return chosen
 
     def changed(self, running: RunningWork, stopped: bool) -> None:

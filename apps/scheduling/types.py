@@ -116,6 +116,9 @@ class Workload:
     # Its other pod sets of `gpu_type`, each (GPUs per replica, replicas), placed with the first:
     # all together or none (a Ray cluster's head and workers).
     more: tuple[tuple[Decimal, int], ...] = ()
+    # Running workloads only: the reservation (Reservation.key) whose devices it runs on, uncounted
+    # against its workspace's quota; None: none.
+    reservation: str | None = None
 
     @property
     def total_gpus(self) -> Decimal:
@@ -145,6 +148,27 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """Whole devices of one pool held for one workspace over [start, end) (an approved GPU
+    provisioning request): from `start` only its work runs there, uncounted against its quota;
+    before it, only work declared to end by then, or preemptible work (evicted `Policy.grace_s`
+    before it), may use them."""
+
+    key: str  # "gpr:7"
+    workspace: str
+    cluster: str
+    gpu_type: str
+    devices: tuple[tuple[str, int], ...]  # (node name, device index), whole devices
+    start: float
+    end: float
+    label: str = ""  # how reasons name it, e.g. "team-b's reservation, Mon 09:00-Thu 09:00"
+
+    @property
+    def gpus(self) -> int:
+        return len(self.devices)
+
+
+@dataclass(frozen=True)
 class Policy:
     name: Literal["portal", "fifo", "shared"] = "portal"
     placement: Literal["binpack", "spread"] = "binpack"
@@ -167,6 +191,7 @@ class Snapshot:
     pending: tuple[Workload, ...]
     now: float = 0.0
     policy: Policy = field(default_factory=Policy)
+    reservations: tuple[Reservation, ...] = ()
 
 
 # --- Decisions out -----------------------------------------------------------------------------
@@ -178,6 +203,7 @@ class Admit:
     cluster: str | None
     placement: tuple[ReplicaPlacement, ...]
     borrowed: Decimal = ZERO
+    reservation: str | None = None  # placed on this reservation's devices, uncounted against quota
 
 
 @dataclass(frozen=True)

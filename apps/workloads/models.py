@@ -103,6 +103,10 @@ class Workload(models.Model):
     priority_class = models.CharField(max_length=16, choices=PriorityClass.choices, blank=True)
     # Whether the scheduler may stop it for other work (where its kind may be preempted at all).
     preemptible = models.BooleanField(default=True)
+    # The provisioning request whose reserved devices it runs on (uncounted against the quota).
+    reservation = models.ForeignKey(
+        "provisioning.ProvisioningRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads"
+    )
 
     # Why it waits, where it stands, when it should start: written by the scheduler.
     wait_reason = models.CharField(max_length=500, blank=True)

@@ -104,12 +104,13 @@ class Emulator:
 
 
 @contextlib.contextmanager
-def running_emulator() -> Iterator[Emulator]:
-    """Start a fresh emulator on 127.0.0.1 (a free port) and stop it afterwards."""
+def running_emulator(emulator_class: type[kmock.KubernetesEmulator] = kmock.KubernetesEmulator) -> Iterator[Emulator]:
+    """Start a fresh emulator on 127.0.0.1 (a free port) and stop it afterwards; ``emulator_class``: kmock's, or a
+    test's subclass that emulates more of the API server."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    handler = kmock.KubernetesEmulator()
+    handler = emulator_class()
     # Listing a resource kmock has no object of yet is a 404 there, an empty list on an API server.
     for resource in ("v1/pods", "v1/nodes"):
         handler.resources[resource] = {}

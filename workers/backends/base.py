@@ -87,6 +87,9 @@ class JobSpec:
     ``writable_dir``: where a backend that confines workloads to their files (local) lets this one
     read and write: that directory alone, which holds the workload's own; empty: its workspace's.
     ``disk``: its workspace's disk quota, where the portal enforces one (``None``: no limit here).
+    ``reservation``: on Slurm, the reservation (a GPU provisioning request's, see
+    workers/backends/slurm_reservations.py) it runs in, submitted with ``--reservation``; empty: none.
+    Other backends ignore it.
     """
 
     key: str
@@ -107,6 +110,7 @@ class JobSpec:
     portal_env: dict[str, str] = field(default_factory=dict)
     writable_dir: str = ""
     disk: DiskQuota | None = None
+    reservation: str = ""
 
 
 @dataclass
@@ -117,7 +121,8 @@ class InstanceSpec:
     ``devices`` the GPU indices it holds (its notebooks run on them); ``users`` the usernames that
     may use it (the Kubernetes backend binds them to its namespace); ``portal_env`` and
     ``writable_dir`` as for a job (an instance's is its own directory: it may be shared with people
-    who are not the workspace's), and ``disk``.
+    who are not the workspace's), ``disk`` and ``reservation`` (Slurm's: its allocation is a job in
+    that reservation).
     """
 
     key: str
@@ -135,6 +140,7 @@ class InstanceSpec:
     portal_env: dict[str, str] = field(default_factory=dict)
     writable_dir: str = ""
     disk: DiskQuota | None = None
+    reservation: str = ""
 
 
 @dataclass

@@ -55,6 +55,7 @@ from kubernetes.utils import parse_quantity
 from workers.backends import kuberay_objects as kro
 from workers.backends import kubernetes_inference as ki
 from workers.backends import kubernetes_objects as ko
+from workers.backends import kubernetes_reservations as kr
 from workers.backends import kubernetes_vcluster as kv
 from workers.backends.base import (
     STATE_VERSION,
@@ -639,6 +640,7 @@ class KubernetesBackend(Backend):
             service_account=self._notebook_service_account(spec),
             portal_env=spec.portal_env,
         )
+        manifests = _on_reservation(spec, manifests)
         self._begin(spec, "notebook", namespace, manifests, stateful_set=ko.notebook_name(spec.name))
         for manifest in manifests:
             self._create(manifest)
@@ -674,7 +676,7 @@ class KubernetesBackend(Backend):
         owner = kro.ray_owner(spec.workspace, self.settings)
         ray = self._ray_spec(spec)
         namespace_manifests = kro.ray_namespace_objects(spec.workspace, self.settings)
-        manifests = kro.ray_objects(owner, ray, self.settings)
+        manifests = _on_reservation(spec, kro.ray_objects(owner, ray, self.settings))
         # The Ray namespace is the workspace's, shared by its clusters: it is not deleted with this one.
         self._begin(spec, "ray", ko.namespace_name(owner, self.settings), manifests, ray_kind=ray.kind)
         self._state.update(ray=ray.name, workers=ray.workers)
@@ -747,7 +749,7 @@ class KubernetesBackend(Backend):
             extra_args=tuple(spec.extra_args),
         )
         namespace_manifests = ki.serve_namespace_objects(spec.workspace, self.settings)
-        manifests = ki.replica_objects(owner, serve, self.settings)
+        manifests = _on_reservation(spec, ki.replica_objects(owner, serve, self.settings))
         service = ki.endpoint_service(owner, spec.endpoint, self.settings)
         # The namespace is the workspace's and the Service the endpoint's: neither is deleted with one replica.
         namespace = ko.namespace_name(owner, self.settings)
@@ -867,7 +869,7 @@ class KubernetesBackend(Backend):
         )
         try:
             namespace_manifests = ko.jobs_namespace_objects(spec.workspace, self.settings)
-            manifests = ko.job_objects(owner, gang, self.settings)
+            manifests = _on_reservation(spec, ko.job_objects(owner, gang, self.settings))
         except ko.UnsupportedRequest as exc:
             raise PolicyRefusal(str(exc)) from exc
         job = ko.job_name(gang.name)
@@ -1272,6 +1274,14 @@ class KubernetesBackend(Backend):
     def _nodes(self) -> list[dict[str, Any]]:
         answer = json.loads(self._invoke(client.CoreV1Api, "list_node") or b"{}")
         return [dict(node) for node in answer.get("items") or []]
+
+
+def _on_reservation(spec: Spec, manifests: list[ko.Manifest]) -> list[ko.Manifest]:
+    """The workload's manifests with its pods placed on the nodes of the GPU reservation its spec names
+    (``kubernetes_reservations.on_reservation``: the reservation's nodeSelector and toleration); as they are
+    where it names none. A name that cannot be a label's value is a permanent ``BackendError``."""
+    reservation = str(getattr(spec, "reservation", "") or "")
+    return [kr.on_reservation(manifest, reservation) for manifest in manifests] if reservation else manifests
 
 
 def _quantity(value: Any) -> Decimal:

@@ -37,6 +37,7 @@ made on entry, instead of a squeue (and a sacct) per job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -249,7 +250,7 @@ class SlurmBackend(FileOutputs):
         validate_spec(spec)
         self._environment = environment
         run_as = spec.run_as if os.geteuid() == 0 else None
-        account = self._ensure_account(spec.workspace, run_as)
+        account = self.ensure_account(spec.workspace, run_as)
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
         internal = job_dir / ".portal"
         work_dir = Path(os.path.abspath(spec.work_dir))
@@ -289,6 +290,8 @@ class SlurmBackend(FileOutputs):
             argv.append(f"--gres=gpu:{gpus}")
         if spec.max_runtime_s is not None:
             argv.append(f"--time={max(1, math.ceil(spec.max_runtime_s / 60))}")
+        if spec.reservation:  # a GPR's nodes: reserved for the workspace's account (slurm_reservations.py)
+            argv.append(f"--reservation={spec.reservation}")
         argv.append(str(script))
         submitted_at = time.time()
         # Submitted as the workspace's account: with none of the worker's environment, which holds
@@ -383,7 +386,7 @@ class SlurmBackend(FileOutputs):
         """The workspace's Slurm account; empty where jobs are not submitted as its Unix account."""
         return workspace[:63] if run_as is not None and self.accounts else ""
 
-    def _ensure_account(self, workspace: str, run_as: RunAs | None) -> str:
+    def ensure_account(self, workspace: str, run_as: RunAs | None) -> str:
         """The workspace's Slurm account, with the workspace's Unix account as its user, created
         with ``sacctmgr`` on first use so that Slurm's accounting and fair share see each tenant.
         Empty where jobs are not submitted as the workspace's account (the portal is not root)."""
@@ -409,8 +412,10 @@ class SlurmBackend(FileOutputs):
                 raise
 
     def start_instance(self, spec: InstanceSpec) -> Endpoint:
-        """An instance is an allocation: a one-node batch job holding its GPUs until deleted."""
-        return self._launch(instance_job(spec), self._sdk_environment(), kind="instance")
+        """An instance is an allocation: a one-node batch job holding its GPUs until deleted, in the
+        spec's reservation where it names one."""
+        job = dataclasses.replace(instance_job(spec), reservation=spec.reservation)
+        return self._launch(job, self._sdk_environment(), kind="instance")
 
     def start_notebook(self, spec: NotebookSpec) -> Endpoint:
         """A batch job running a Jupyter server on its node's address; returns once it answers.
@@ -555,7 +560,7 @@ class SlurmBackend(FileOutputs):
         if run_as is not None:
             check_reachable(env, "the Ray environment")
             check_reachable(os.path.realpath(env / "bin" / "python"), "the Ray environment's Python")
-        account = self._ensure_account(spec.workspace, run_as)
+        account = self.ensure_account(spec.workspace, run_as)
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
         internal = job_dir / ".portal"
         self._prepare_dirs(spec.workspace, Path(os.path.abspath(spec.work_dir)), [job_dir, internal], run_as)

@@ -65,6 +65,8 @@ _PERMANENT_ERRORS = (
     "Unable to open file",
     "unrecognized option",
     "invalid option",
+    "Requested reservation is invalid",  # a job's reservation that Slurm does not have (or no longer)
+    "Access denied to requested reservation",  # ... that is not its account's
 )
 
 

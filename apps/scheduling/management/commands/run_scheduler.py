@@ -10,6 +10,8 @@ from django.db import close_old_connections
 
 from apps.inference import scaling
 from apps.monitoring.cycles import timed_cycle
+from apps.provisioning import actions as provisioning
+from apps.provisioning import clusters as provisioned
 from apps.scheduling import whatif
 from apps.scheduling.adapter import requeue_unready_gangs
 from apps.telemetry import record as telemetry
@@ -24,7 +26,7 @@ class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
         "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, scale inference "
-        "endpoints, and run a scheduling cycle; every 5 seconds "
+        "endpoints, begin and end GPU reservations, and run a scheduling cycle; every 5 seconds "
         "send open pages the live-update heartbeat that tells them updates reach them, and keep up the "
         "workspaces' disks on this machine."
     )
@@ -56,6 +58,8 @@ class Command(BaseCommand):
                 telemetry.upkeep()
                 whatif.upkeep()
                 scaling.upkeep()
+                provisioning.upkeep()
+                provisioned.keep_up()
                 result = timed_cycle()
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
