@@ -1129,12 +1129,36 @@ class Engine:
             for ahead, reason in enumerate(said):
                 if not reason:
                     said[ahead] = f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
+        if self.unended:
+            self._explain_awaited(now, order, said, starts)
         seen: dict[str, int] = {}
         positions = []
         for workload in order:
             position = seen[workload.workspace] = seen.get(workload.workspace, 0) + 1
             positions.append(position)
         decisions.pending = PendingList(keys, cast(list[str], said), positions, starts)
+
+    def _explain_awaited(
+        self, now: float, order: list[Workload], said: list[str | None], starts: list[float | None]
+    ) -> None:
+        """Work its workspace's reservation, not begun yet, could hold: it waits for that reservation
+        (where nothing admits it sooner), and should start when the reservation begins."""
+        upcoming = [r for r in self.unended if r.start > now]
+        if not upcoming:
+            return
+        for at, workload in enumerate(order):
+            awaited = min(
+                (r for r in upcoming if r.workspace == workload.workspace and r.gpu_type == workload.gpu_type
+                 and (not workload.cluster or workload.cluster == r.cluster) and r.gpus * UNIT >= workload.units),
+                key=lambda r: (r.start, r.key), default=None,
+            )  # fmt: skip
+            if awaited is None:
+                continue
+            start = starts[at]
+            if start is None or start > awaited.start:
+                starts[at] = awaited.start
+                label = awaited.label or f"reservation {awaited.key}"
+                said[at] = f"{said[at]}; it runs in {label} once that begins, in {awaited.start - now:.0f} s"
 
     def _line(self) -> list[Workload]:
         """The pending workloads in the cluster's queue order: priority, then submission."""

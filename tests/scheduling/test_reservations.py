@@ -382,3 +382,16 @@ def test_reservations_hold_cycle_after_cycle(world) -> None:
         due = max(submitted, r.start) + PERIOD + GRACE
         if due < r.end and due <= HORIZON:
             assert workload.key in admitted_at and admitted_at[workload.key][0] <= due, (workload, r)
+
+
+def test_the_holders_work_waiting_for_its_reservation_says_so_and_is_estimated_to_start_when_it_begins() -> None:
+    inside = job("job:1", "team-b", "2")  # no quota of its own: only the reservation can hold it
+    theirs = replace(job("job:2", "team-a", "4"), preemptible=False)  # another workspace's: not its reservation
+    decisions = schedule(Snapshot((ws("team-b", "0"), ws("team-a", "4")), (node("n1", "1", "1", "1", "1"),), (),
+                                  (inside, theirs), 0.0, reservations=(LATER,)))  # fmt: skip
+
+    pending = {p.key: p for p in decisions.pending}
+    assert pending["job:1"].estimated_start == 1000.0
+    assert pending["job:1"].reason.endswith(f"; it runs in {LABEL} once that begins, in 1000 s")
+    assert "it runs in" not in pending["job:2"].reason
+    assert pending["job:2"].estimated_start is None or pending["job:2"].estimated_start >= LATER.end
