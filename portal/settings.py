@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "apps.rayclusters",
     "apps.inference",
     "apps.provisioning",
+    "apps.elastic",
     "apps.scheduling",
     "apps.web",
     "apps.console",

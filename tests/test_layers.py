@@ -113,7 +113,7 @@ def test_nothing_imports_the_tasks_module() -> None:
     assert sorted(module for module, targets in graph.items() if "workers.tasks" in targets) == []
 
 
-CORE = ("engine", "preemption", "types", "ledger", "placement", "estimates", "calendar")
+CORE = ("engine", "preemption", "types", "ledger", "placement", "estimates", "calendar", "autoscale")
 
 
 def test_the_scheduler_core_imports_no_django() -> None:

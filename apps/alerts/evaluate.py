@@ -8,7 +8,8 @@ The figures are the database's, the same /metrics gives (apps/monitoring/metrics
 - quota_used: GPUs held by a workspace's jobs and instances (the sum of their allocations'
   fractions), as a percentage of its nominal quota of a GPU type; one alert per workspace and
   GPU type. A quota of 0 GPUs is not judged.
-- node_unhealthy: each node whose state is not "ready"; one alert per node.
+- node_unhealthy: each node whose state is not "ready" (nor powered down, starting or stopping as an
+  elastic pool's autoscaler asked); one alert per node.
 - backend_failing: workloads that failed (audit events job.failed, instance.fail, notebook.fail)
   in the last `window_s` seconds; one alert for the platform.
 - gpu_idle: the mean measured utilisation (apps/telemetry: each device's fresh sample) of the GPUs
@@ -217,7 +218,10 @@ def _quota_used(rule: AlertRule) -> dict[str, Found]:
 
 
 def _node_unhealthy(rule: AlertRule) -> dict[str, Found]:
-    nodes = Node.objects.exclude(state=Node.State.READY)
+    # An elastic pool's nodes stopped, starting or stopping as the autoscaler asked are not unhealthy
+    # (one that failed to start is).
+    expected = (Node.State.READY, Node.State.POWERED_DOWN, Node.State.POWERING_UP, Node.State.POWERING_DOWN)
+    nodes = Node.objects.exclude(state__in=expected)
     if rule.gpu_type:
         nodes = nodes.filter(gpus__gpu_type=rule.gpu_type).distinct()
     rows = nodes.values_list("pool__cluster__name", "name", "state")

@@ -56,6 +56,12 @@ class Node(models.Model):
         READY = "ready", "Ready"
         DRAINED = "drained", "Drained"
         DOWN = "down", "Down"
+        # An elastic pool's nodes (apps/elastic): stopped to save power, starting, stopping, or
+        # not started within the pool's timeout. No work is placed on any of them.
+        POWERED_DOWN = "powered_down", "Powered down"
+        POWERING_UP = "powering_up", "Powering up"
+        POWERING_DOWN = "powering_down", "Powering down"
+        FAILED = "failed", "Failed to start"
 
     pool = models.ForeignKey(NodePool, on_delete=models.CASCADE, related_name="nodes")
     name = models.CharField(max_length=253)

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from apps.audit.events import Event
 from apps.audit.models import AuditEvent
+from apps.elastic.models import PoolScaling, ScalingDecision
 from apps.inventory.models import GPU, Allocation, Node
 from apps.monitoring.models import SchedulerStats
 from apps.telemetry.models import GpuSample
@@ -75,6 +76,35 @@ class PortalCollector(Collector):
         yield from self._scheduler()
         yield self._waits()
         yield from self._endpoints(now)
+        yield from self._elastic()
+
+    def _elastic(self) -> Iterator[Metric]:
+        """Elastic node pools: nodes by power state against the pool's limits, and the autoscaler's
+        decisions (apps/elastic)."""
+        pools = list(PoolScaling.objects.select_related("pool__cluster"))
+        if not pools:
+            return
+        labels = ["cluster", "pool"]
+        names = {s.pool_id: (s.pool.cluster.name, s.pool.name) for s in pools}
+        states = Node.objects.filter(pool_id__in=names).values_list("pool_id", "state").annotate(n=Count("id"))
+        yield _gauge(
+            "gpuportal_elastic_nodes", "Nodes of elastic pools by power state.", [*labels, "state"],
+            ((*names[pool], state, n) for pool, state, n in states.order_by()),
+            ((*names[s.pool_id], state) for s in pools for state in ("ready", "powered_down", "powering_up")),
+        )  # fmt: skip
+        yield _gauge("gpuportal_elastic_nodes_min", "An elastic pool's minimum of nodes.", labels,
+                     ((*names[s.pool_id], s.min_nodes) for s in pools))  # fmt: skip
+        yield _gauge("gpuportal_elastic_nodes_max", "An elastic pool's maximum of nodes.", labels,
+                     ((*names[s.pool_id], s.max_nodes) for s in pools))  # fmt: skip
+        yield _gauge("gpuportal_elastic_gpu_hours_month", "GPU-hours an elastic pool ran above its minimum this month.",
+                     labels, ((*names[s.pool_id], s.used_gpu_hours) for s in pools))  # fmt: skip
+        decisions = CounterMetricFamily(
+            "gpuportal_elastic_decisions", "The autoscaler's decisions, by action.", labels=[*labels, "action"]
+        )
+        counted = ScalingDecision.objects.filter(pool_id__in=names).values_list("pool_id", "action")
+        for pool, action, n in counted.annotate(n=Count("id")).order_by():
+            decisions.add_metric([*names[pool], action], float(n))
+        yield decisions
 
     def _queue(self, now: Any) -> Iterator[Metric]:
         length = GaugeMetricFamily(

@@ -218,7 +218,7 @@ def do_request(
              f"Asked for {gpr.gpus} {gpr.gpu_type} for {_hours(gpr.duration_s)}, "
              f"{'as soon as possible' if gpr.asap else 'from ' + _when(gpr.start_at)}; "
              f"earliest feasible start {_when(asked.found.start)}.")  # fmt: skip
-        why = _auto_refusal(gpr, asked.found)
+        why = auto_refusal(gpr, asked.found)
         if why is None:
             _hold(gpr, asked.found, acting_user=None, auto=True)
             _log(Event.GPR_APPROVE, gpr, None, SYSTEM, "approved",
@@ -232,7 +232,7 @@ def do_request(
     return gpr
 
 
-def _auto_refusal(gpr: ProvisioningRequest, found: Found) -> str | None:
+def auto_refusal(gpr: ProvisioningRequest, found: Found) -> str | None:
     """Why the policy leaves the request to an admin; None if it approves it."""
     rules = policy_of(gpr.workspace)
     if rules.auto_approve_max_s is None:

@@ -17,6 +17,7 @@ from django.db.models import F, Sum, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from apps.elastic.notes import starting_notes
 from apps.inventory.models import GPU, Allocation, Cluster, Node
 from apps.provisioning.models import ProvisioningRequest
 from apps.scheduling import engine
@@ -419,10 +420,12 @@ def run_cycle() -> CycleResult:
                 continue
             if _admit(loaded.rows[admit.key], admit, loaded.nodes):
                 result.admitted.append(admit.key)
+        starting = starting_notes(timezone.now()) if Node.objects.filter(state=Node.State.POWERING_UP).exists() else {}
         for pending in decisions.pending:
+            note = starting.get(pending.key)
             _record_pending(
                 loaded.rows[pending.key],
-                pending.reason,
+                f"{pending.reason}; {note}" if note else pending.reason,
                 pending.workspace_position,
                 pending.cluster_position,
                 pending.estimated_start,

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from apps.elastic import scaling as elastic
 from apps.inference import scaling
 from apps.monitoring.cycles import timed_cycle
 from apps.provisioning import actions as provisioning
@@ -26,7 +27,8 @@ class Command(BaseCommand):
     help = (
         "Run the scheduler loop until SIGINT or SIGTERM: every --interval seconds, reconcile jobs with "
         "their backends, requeue gangs not ready in time, read the GPUs' telemetry when due, scale inference "
-        "endpoints, begin and end GPU reservations, and run a scheduling cycle; every 5 seconds "
+        "endpoints, begin and end GPU reservations, run a scheduling cycle, and grow or shrink elastic node pools; "
+        "every 5 seconds "
         "send open pages the live-update heartbeat that tells them updates reach them, and keep up the "
         "workspaces' disks on this machine."
     )
@@ -61,6 +63,7 @@ class Command(BaseCommand):
                 provisioning.upkeep()
                 provisioned.keep_up()
                 result = timed_cycle()
+                elastic.upkeep()  # after the cycle: what still waits is what more nodes are for
                 if once:
                     self.stdout.write(f"admitted {len(result.admitted)}, pending {result.pending}")
             except Exception:  # one failed cycle must not stop the loop; the next one retries
