@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real Slurm on this one machine, for the portal to submit to: 4 simulated nodes
-# (node[1-4]) with 4 simulated GPUs each, one partition "gpu", accounting through slurmdbd and
-# MariaDB (so sacct works) and slurmrestd on 127.0.0.1:6820 with JWT authentication.
+# (node[1-4]) with 4 simulated GPUs each in partition "gpu", 2 more (node[5-6]) in partition
+# "elastic" under Slurm's power saving (they start powered down; deploy/slurm-power.sh powers
+# them up and down), accounting through slurmdbd and MariaDB (so sacct works) and slurmrestd on
+# 127.0.0.1:6820 with JWT authentication.
 #
 #   deploy/slurm.sh start     install what is missing, write the configs, start everything, wait
 #   deploy/slurm.sh status    exit 0 only if every part answers
@@ -23,6 +25,19 @@ GPUS_PER_NODE=4
 GPU_TYPE=h100
 CPUS_PER_NODE=8
 MEM_PER_NODE_MB=4000
+# Elastic nodes: same shape, powered up and down through Slurm's power saving (docs/slurm.md).
+ELASTIC_PARTITION=elastic
+ELASTIC_NODES=(node5 node6)
+ELASTIC_RANGE="node[5-6]"
+ELASTIC_PORTS="[17005-17006]"
+# Slurm powers an elastic node down by itself only after it has been idle this long (a year):
+# the portal decides. SuspendTime=INFINITE everywhere would switch power saving off altogether.
+ELASTIC_SUSPEND_TIME=31536000
+RESUME_TIMEOUT_S=30  # a simulated node boots (its slurmd registers) in about 3 s
+SUSPEND_TIMEOUT_S=5  # ... and stops within 3 s (slurm-power.sh)
+POWER_SOURCE="$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/slurm-power.sh"
+RESUME_PROGRAM=/usr/local/sbin/slurm-resume
+SUSPEND_PROGRAM=/usr/local/sbin/slurm-suspend
 
 CONF_DIR=/etc/slurm
 STATE_DIR=/var/lib/slurm
@@ -40,9 +55,11 @@ REST_API=v0.0.38
 MUNGE_PID=/run/munge/munged.pid
 MARIADB_PID=/run/mysqld/mysqld.pid
 MARIADB_MARKER=$RUN_DIR/mariadb.started-here # MariaDB was started by this script
+ELASTIC_UP=$RUN_DIR/elastic-up                # elastic nodes to power up again after a restart
 
 SLURM_PACKAGES=(munge slurm-wlm slurm-client slurmctld slurmd slurmdbd slurmrestd slurm-wlm-jwt-plugin)
 CONFIG_CHANGED=""
+CTLD_STARTED="" # slurmctld was started by this run
 
 say() { echo "slurm.sh: $*"; }
 die() {
@@ -195,6 +212,19 @@ write_file() {
   CONFIG_CHANGED=1
 }
 
+# deploy/slurm-power.sh as Slurm's ResumeProgram and SuspendProgram (slurmctld turns power saving
+# off, saying so in its log, unless both are there, root's and not writable by others). Not a
+# configuration change: slurmctld runs the file as it is at each power up or down.
+install_power_programs() {
+  local dest
+  [ -r "$POWER_SOURCE" ] || die "$POWER_SOURCE is missing (it is installed as $RESUME_PROGRAM and $SUSPEND_PROGRAM)"
+  for dest in "$RESUME_PROGRAM" "$SUSPEND_PROGRAM"; do
+    cmp -s "$POWER_SOURCE" "$dest" || install -D -m 0755 -o root -g root "$POWER_SOURCE" "$dest"
+    chown root:root "$dest"
+    chmod 0755 "$dest"
+  done
+}
+
 random_hex() { head -c "$1" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
 prepare_files() {
@@ -204,7 +234,7 @@ prepare_files() {
   mkdir -p "$CONF_DIR" "$STATE_DIR" "$LOG_DIR" "$RUN_DIR" "$STATE_DIR/slurmctld" "$FAKEGPU_DIR"
   chmod 0755 "$STATE_DIR" "$LOG_DIR" "$RUN_DIR" "$FAKEGPU_DIR"
   chmod 0700 "$STATE_DIR/slurmctld"
-  for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/slurmd/$node"; done
+  for node in "${NODES[@]}" "${ELASTIC_NODES[@]}"; do mkdir -p "$STATE_DIR/slurmd/$node"; done
 
   # munge: the package makes the key; make one if it is missing.
   if [ ! -s /etc/munge/munge.key ]; then
@@ -238,7 +268,7 @@ prepare_files() {
   # Simulated GPUs: character devices equal to /dev/null (1,3), 4 per node. Slurm only needs a
   # device file per GPU to hand out; nothing runs on them. Where mknod is not allowed, a link
   # to /dev/null does the same.
-  for node in "${NODES[@]}"; do
+  for node in "${NODES[@]}" "${ELASTIC_NODES[@]}"; do
     mkdir -p "$FAKEGPU_DIR/$node"
     for ((i = 0; i < GPUS_PER_NODE; i++)); do
       if [ ! -c "$FAKEGPU_DIR/$node/gpu$i" ]; then
@@ -298,16 +328,30 @@ AccountingStoragePort=6819
 AccountingStorageTRES=gres/gpu,gres/gpumem,gres/gpuutil
 JobCompType=jobcomp/none
 $comm_params
+SuspendProgram=$SUSPEND_PROGRAM
+ResumeProgram=$RESUME_PROGRAM
+SuspendTime=INFINITE
+SuspendTimeout=$SUSPEND_TIMEOUT_S
+ResumeTimeout=$RESUME_TIMEOUT_S
+SuspendExcParts=$PARTITION
+SlurmctldParameters=power_save_interval=1,power_save_min_interval=0
+DebugFlags=Power
 NodeName=$NODE_RANGE NodeHostname=$host NodeAddr=127.0.0.1 Port=$NODE_PORTS CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$GPU_TYPE:$GPUS_PER_NODE State=UNKNOWN
-PartitionName=$PARTITION Nodes=$NODE_RANGE Default=YES MaxTime=INFINITE State=UP"
+NodeName=$ELASTIC_RANGE NodeHostname=$host NodeAddr=127.0.0.1 Port=$ELASTIC_PORTS CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$GPU_TYPE:$GPUS_PER_NODE State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE_RANGE Default=YES MaxTime=INFINITE State=UP
+PartitionName=$ELASTIC_PARTITION Nodes=$ELASTIC_RANGE MaxTime=INFINITE State=UP SuspendTime=$ELASTIC_SUSPEND_TIME"
 
   gres_lines="# Written by deploy/slurm.sh. Simulated GPUs: each File is a stand-in device, not a GPU.
 AutoDetect=off"
-  for node in "${NODES[@]}"; do
+  for node in "${NODES[@]}" "${ELASTIC_NODES[@]}"; do
     gres_lines+="
 NodeName=$node Name=gpu Type=$GPU_TYPE File=$FAKEGPU_DIR/$node/gpu[0-$((GPUS_PER_NODE - 1))]"
   done
   write_file "$CONF_DIR/gres.conf" 0644 root:root "$gres_lines"
+
+  # The nodes deploy/slurm-power.sh may power up and down.
+  write_file "$CONF_DIR/slurm-power.conf" 0644 root:root "# Written by deploy/slurm.sh.
+ELASTIC_NODES=\"${ELASTIC_NODES[*]}\""
 
   # slurmd starts a cgroup plugin even with proctrack/linuxproc and task/none. On cgroup v2
   # without systemd (containers, CI), let it manage its cgroup itself instead of failing.
@@ -397,6 +441,11 @@ munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 slurmdbd_ok() { pid_alive "$RUN_DIR/slurmdbd.pid" slurmdbd && tcp_open 127.0.0.1 6819; }
 slurmctld_ok() { pid_alive "$RUN_DIR/slurmctld.pid" slurmctld && [[ "$(timeout 10 scontrol ping 2>/dev/null)" == *"is UP"* ]]; }
 slurmd_ok() { pid_alive "$RUN_DIR/slurmd-$1.pid" slurmd; }
+# node_state NODE: Slurm's State= of NODE (IDLE+POWERED_DOWN, MIXED, ...); '' when it does not answer.
+node_state() { timeout 10 scontrol show node -o "$1" 2>/dev/null | sed -n 's/.* State=\([^ ]*\) .*/\1/p'; }
+# An elastic node is in order: powered up (its slurmd runs), or powered down or on its way
+# up or down in Slurm's eyes.
+elastic_ok() { slurmd_ok "$1" || [[ "$(node_state "$1")" =~ POWER(ED_DOWN|ING_DOWN|ING_UP) ]]; }
 sacctmgr_ok() { slurmdbd_ok && [[ "$(timeout 15 sacctmgr -n -P list cluster format=cluster 2>/dev/null)" == *"$CLUSTER"* ]]; }
 slurmrestd_ok() { pid_alive "$RUN_DIR/slurmrestd.pid" slurmrestd && [ "$(rest_status diag)" = 200 ]; }
 
@@ -426,6 +475,7 @@ all_ok() {
   local node
   munge_ok && slurmdbd_ok && slurmctld_ok || return 1
   for node in "${NODES[@]}"; do slurmd_ok "$node" || return 1; done
+  for node in "${ELASTIC_NODES[@]}"; do elastic_ok "$node" || return 1; done
   nodes_up && sacctmgr_ok && slurmrestd_ok
 }
 
@@ -455,6 +505,7 @@ start_slurmdbd() {
 start_slurmctld() {
   slurmctld_ok && return 0
   say "starting slurmctld"
+  CTLD_STARTED=1
   if ! { launch /usr/sbin/slurmctld && wait_up 60 "$RUN_DIR/slurmctld.pid" slurmctld slurmctld_ok; }; then
     failed slurmctld "$LOG_DIR/startup.log" "$LOG_DIR/slurmctld.log"
   fi
@@ -473,6 +524,64 @@ start_slurmds() {
       failed "slurmd for $node" "$LOG_DIR/startup.log" "$LOG_DIR/slurmd-$node.log"
   done
 }
+
+# Bring the elastic nodes to a power state Slurm knows: one that was up before a restart
+# (listed in $ELASTIC_UP) or that Slurm is powering up gets its slurmd back; any other without a
+# slurmd is powered down through Slurm, which runs the SuspendProgram and has it POWERED_DOWN
+# after SuspendTimeout. So they start powered down: new nodes, and those a stop ended. Slurm
+# powers down only a node it has seen (IDLE or DOWN): a new one (UNKNOWN) is booted once for
+# that, and powered down as soon as it registers.
+#
+# Slurm learns a node's GPU devices only from its slurmd's registration, and a restarted
+# slurmctld has forgotten them: a job it then powered a node up for would get its GPUs counted
+# but no devices (no CUDA_VISIBLE_DEVICES). So after slurmctld starts, a node it has powered
+# down (and not DOWN) is powered up once through Slurm and down again.
+start_elastic() {
+  local node state boot=() cycle=()
+  for node in "${ELASTIC_NODES[@]}"; do
+    slurmd_ok "$node" && continue
+    state="$(node_state "$node")"
+    if grep -qx "$node" "$ELASTIC_UP" 2>/dev/null || [[ "$state" == *POWERING_UP* ]]; then
+      say "starting slurmd for $node (powered up)"
+      boot+=("$node")
+    elif [[ "$state" == *POWERED_DOWN* && "$state" != DOWN* && -n "$CTLD_STARTED" ]]; then
+      cycle+=("$node")
+    elif [[ ! "$state" =~ POWER(ED|ING)_DOWN ]]; then
+      say "powering down $node (partition $ELASTIC_PARTITION; was ${state:-unknown})"
+      scontrol_nodes "$node" POWER_DOWN
+      [[ "$state" != UNKNOWN* ]] || boot+=("$node")
+    fi
+  done
+  rm -f "$ELASTIC_UP"
+  if [ "${#boot[@]}" -gt 0 ]; then
+    "$RESUME_PROGRAM" "$(join_nodes "${boot[@]}")" 9>&- ||
+      say "warning: slurmd did not start for all of ${boot[*]} (see $LOG_DIR/power.log)"
+  fi
+  [ "${#cycle[@]}" -gt 0 ] || return 0
+  say "powering ${cycle[*]} up and down again (for slurmctld to learn their GPUs)"
+  scontrol_nodes "$(join_nodes "${cycle[@]}")" POWER_UP
+  boot=()
+  for node in "${cycle[@]}"; do
+    # One that does not come up is DOWN in Slurm (reason ResumeTimeout reached), not in the way.
+    if wait_for "$((RESUME_TIMEOUT_S + 5))" powered_up "$node"; then boot+=("$node"); else
+      say "warning: $node did not power up (see $LOG_DIR/power.log and sinfo -R)"
+    fi
+  done
+  [ "${#boot[@]}" -eq 0 ] || scontrol_nodes "$(join_nodes "${boot[@]}")" POWER_DOWN
+}
+
+join_nodes() {
+  local IFS=,
+  echo "$*"
+}
+
+# scontrol_nodes NODES STATE: scontrol update NodeName=NODES State=STATE, or stop.
+scontrol_nodes() {
+  timeout 10 scontrol update NodeName="$1" State="$2" >/dev/null || die "Slurm did not set $1 to $2"
+}
+
+# powered_up NODE: slurmd runs and Slurm has the node up (no power flag left).
+powered_up() { slurmd_ok "$1" && [[ ! "$(node_state "$1")" =~ POWER|NOT_RESPONDING|UNKNOWN ]]; }
 
 start_slurmrestd() {
   pid_alive "$RUN_DIR/slurmrestd.pid" slurmrestd && return 0
@@ -504,7 +613,7 @@ wait_nodes() {
 }
 
 summary() {
-  echo "Slurm is up: cluster $CLUSTER, partition $PARTITION, ${#NODES[@]} nodes ($NODE_RANGE) x $GPUS_PER_NODE simulated GPUs (gpu:$GPU_TYPE); REST http://$REST_HOST:$REST_PORT/slurm/$REST_API/ with headers X-SLURM-USER-NAME and X-SLURM-USER-TOKEN (token: scontrol token username=root lifespan=3600); logs $LOG_DIR; stop with deploy/slurm.sh stop"
+  echo "Slurm is up: cluster $CLUSTER, partition $PARTITION, ${#NODES[@]} nodes ($NODE_RANGE) x $GPUS_PER_NODE simulated GPUs (gpu:$GPU_TYPE); partition $ELASTIC_PARTITION, ${#ELASTIC_NODES[@]} more ($ELASTIC_RANGE) under power saving; REST http://$REST_HOST:$REST_PORT/slurm/$REST_API/ with headers X-SLURM-USER-NAME and X-SLURM-USER-TOKEN (token: scontrol token username=root lifespan=3600); logs $LOG_DIR; stop with deploy/slurm.sh stop"
 }
 
 # Slurm looks addresses up with AI_ADDRCONFIG and IPv4 only: with no IPv4 address besides
@@ -520,6 +629,7 @@ cmd_start() {
     die "this machine has no IPv4 address besides 127.0.0.0/8; Slurm cannot resolve even 127.0.0.1 then (add one, e.g. ip addr add 10.200.0.1/32 dev lo)"
   install_packages
   prepare_files
+  install_power_programs
   write_configs
   if [ -z "$CONFIG_CHANGED" ] && all_ok; then
     summary
@@ -537,6 +647,7 @@ cmd_start() {
   start_slurmds
   start_slurmrestd
   wait_nodes
+  start_elastic
   wait_for 30 sacctmgr_ok || die "sacctmgr does not list cluster $CLUSTER"
   wait_for 30 slurmrestd_ok || {
     show_log "$LOG_DIR/slurmrestd.log"
@@ -563,6 +674,9 @@ cmd_status() {
   check "slurmdbd on 127.0.0.1:6819" slurmdbd_ok
   check "slurmctld (scontrol ping)" slurmctld_ok
   for node in "${NODES[@]}"; do check "slurmd $node" slurmd_ok "$node"; done
+  for node in "${ELASTIC_NODES[@]}"; do
+    if slurmd_ok "$node"; then echo "ok    slurmd $node (powered up)"; else check "$node powered down or powering (scontrol show node)" elastic_ok "$node"; fi
+  done
   check "nodes up in partition $PARTITION (sinfo)" nodes_up
   check "accounting (sacctmgr lists $CLUSTER)" sacctmgr_ok
   check "slurmrestd http://$REST_HOST:$REST_PORT (GET /slurm/$REST_API/diag with a JWT)" slurmrestd_ok
@@ -589,10 +703,19 @@ cancel_jobs() {
   wait_for 30 no_jobs || say "warning: jobs still listed after 30 s"
 }
 
+# Stop the daemons; the elastic nodes that were powered up are listed in $ELASTIC_UP, for a
+# restart to power them up again ("stop" removes the list: they start powered down).
 stop_daemons() {
-  local node
+  local node up=()
   stop_pidfile "$RUN_DIR/slurmrestd.pid" slurmrestd slurmrestd
+  for node in "${ELASTIC_NODES[@]}"; do slurmd_ok "$node" && up+=("$node"); done
+  [ "${#up[@]}" -eq 0 ] || printf '%s\n' "${up[@]}" >"$ELASTIC_UP"
   for node in "${NODES[@]}"; do stop_pidfile "$RUN_DIR/slurmd-$node.pid" slurmd "slurmd $node"; done
+  # An elastic node is stopped as it is powered down: SIGTERM, SIGKILL after 3 s.
+  if [ "${#up[@]}" -gt 0 ]; then
+    say "stopping slurmd ${up[*]}"
+    "$SUSPEND_PROGRAM" "$(join_nodes "${up[@]}")" 9>&- || true
+  fi
   stop_pidfile "$RUN_DIR/slurmctld.pid" slurmctld slurmctld
   stop_pidfile "$RUN_DIR/slurmdbd.pid" slurmdbd slurmdbd
 }
@@ -626,6 +749,7 @@ sweep_strays() {
 cmd_stop() {
   cancel_jobs
   stop_daemons
+  rm -f "$ELASTIC_UP"
   stop_pidfile "$MUNGE_PID" munged munged
   sweep_strays slurmrestd slurmstepd slurmd slurmctld slurmdbd munged
   if [ -f "$MARIADB_MARKER" ]; then

@@ -19,9 +19,18 @@ def power_up(scaling: PoolScaling, nodes: Sequence[str]) -> None:
     if scaling.provider == PoolScaling.Provider.SLURM:
         from workers.backends import slurm_power
 
+        slurm_power.resume(list(nodes))  # undrained (a node stopped earlier), or a failed start forgotten
         slurm_power.power_up(list(nodes))
     else:
         _command(scaling, "up", nodes)
+
+
+def reset(scaling: PoolScaling, nodes: Sequence[str]) -> None:
+    """Forget a failed start, so that the nodes may be started again (Slurm: back in its count)."""
+    if scaling.provider == PoolScaling.Provider.SLURM:
+        from workers.backends import slurm_power
+
+        slurm_power.resume(list(nodes))
 
 
 def power_down(scaling: PoolScaling, nodes: Sequence[str]) -> None:

@@ -74,8 +74,17 @@ def _observe(scaling: PoolScaling, now: datetime) -> None:
         seen = reported.get(node.name) if reported else None
         if seen is not None and STATE_OF.get(seen, state) != state and not _waiting_out(state, seen):
             state = STATE_OF[seen]
-        if state == State.POWERING_UP and (now - power.changed_at).total_seconds() > scaling.start_timeout_s:
+        since = (now - power.changed_at).total_seconds()
+        if state == State.POWERING_UP and since > scaling.start_timeout_s:
             state = State.FAILED
+        elif state == State.FAILED and node.state == State.FAILED and since > scaling.start_timeout_s:
+            # Failed for a start timeout: it may be tried again (after the other nodes).
+            try:
+                providers.reset(scaling, [node.name])
+            except BackendError as error:
+                logger.warning("could not reset %s: %s", node.name, error)
+            else:
+                state = State.POWERED_DOWN
         if state != node.state:
             _set_state(node, power, state, now)
             if state == State.FAILED:
