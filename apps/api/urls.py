@@ -15,10 +15,13 @@ from apps.alerts.api import AlertRuleViewSet, AlertViewSet
 from apps.audit.api import AuditEventViewSet, AuditExportView
 from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewSet
+from apps.elastic.api import PoolScalingViewSet
 from apps.inference.api import EndpointViewSet, InferenceProfileViewSet
 from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
+from apps.provisioning.api import GPRCalendarView, GPREstimateView, GPRViewSet
+from apps.provisioning.policy_api import ProvisioningPolicyViewSet
 from apps.rayclusters.api import RayClusterViewSet
 from apps.scheduling.api import WhatIfCSVView, WhatIfDetailView, WhatIfListView
 from apps.workloads.api import WorkloadViewSet
@@ -43,11 +46,13 @@ router.register("workloads", WorkloadViewSet, basename="workload")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")
+router.register("pool-scaling", PoolScalingViewSet, basename="poolscaling")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 router.register("users", UserViewSet, basename="user")
 router.register("groups", GroupViewSet, basename="group")
 router.register("alert-rules", AlertRuleViewSet, basename="alertrule")
 router.register("alerts", AlertViewSet, basename="alert")
+router.register("gprs", GPRViewSet, basename="gpr")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
@@ -69,5 +74,14 @@ urlpatterns = [
     path("admin/whatif/", WhatIfListView.as_view(), name="whatif-list"),
     path("admin/whatif/<int:pk>/", WhatIfDetailView.as_view(), name="whatif-detail"),
     path("admin/whatif/<int:pk>/csv/", WhatIfCSVView.as_view(), name="whatif-csv"),
+    # Before the router's gprs/<pk>/: an estimate saves nothing, and the calendar shows every
+    # workspace's reservations with only what the queue shows (tests/provisioning/test_api.py).
+    path("gprs/estimate/", GPREstimateView.as_view(), name="gpr-estimate"),
+    path("gprs/calendar/", GPRCalendarView.as_view(), name="gpr-calendar"),
+    path(
+        "gpr-policies/<str:workspace>/",
+        ProvisioningPolicyViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),
+        name="gpr-policy",
+    ),
     path("", include(router.urls)),
 ]

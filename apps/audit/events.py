@@ -61,6 +61,9 @@ class Event(StrEnum):
     CLUSTER_UPDATE = "cluster.update"
     CLUSTER_DELETE = "cluster.delete"
     CLUSTER_DISCOVER = "cluster.discover"
+    # Elastic node pools (apps/elastic): a pool's scaling limits set, or its scaling removed
+    ELASTIC_SET = "elastic.set"
+    ELASTIC_DELETE = "elastic.delete"
 
     # Instances (apps/compute, apps/scheduling): asked for by a user, then done by the portal
     INSTANCE_LAUNCH = "instance.launch"

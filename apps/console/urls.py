@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.console import alerts, catalog, dashboard, people, usage, whatif, workspaces
+from apps.console import alerts, catalog, dashboard, elastic, gprs, people, usage, whatif, workspaces
 
 app_name = "console"
 
@@ -11,6 +11,9 @@ urlpatterns = [
     path("inventory/gpus/<int:pk>/", dashboard.gpu_detail, name="gpu"),
     path("inventory/gpus/<int:pk>/samples.json", dashboard.gpu_samples, name="gpu-samples"),
     path("usage/", usage.usage, name="usage-report"),
+    path("elastic/", elastic.elastic_pools, name="elastic"),
+    path("elastic/<int:pk>/", elastic.elastic_set, name="elastic-set"),
+    path("elastic/<int:pk>/delete/", elastic.elastic_delete, name="elastic-delete"),
     path("whatif/", whatif.whatif_page, name="whatif"),
     path("whatif/<int:pk>/", whatif.whatif_run, name="whatif-run"),
     path("whatif/<int:pk>/csv/", whatif.whatif_csv, name="whatif-csv"),
@@ -20,6 +23,11 @@ urlpatterns = [
     path("alerts/rules/<int:pk>/delete/", alerts.rule_delete, name="alert-rule-delete"),
     path("alerts/rules/<int:pk>/silence/", alerts.rule_silence, name="alert-rule-silence"),
     path("alerts/<int:pk>/silence/", alerts.alert_silence, name="alert-silence"),
+    path("gprs/", gprs.gpr_queue, name="gprs"),
+    path("gprs/calendar/", gprs.gpr_calendar, name="gprs-calendar"),
+    path("gprs/<int:pk>/approve/", gprs.gpr_approve, name="gpr-approve"),
+    path("gprs/<int:pk>/reject/", gprs.gpr_reject, name="gpr-reject"),
+    path("gprs/<int:pk>/change/", gprs.gpr_change, name="gpr-change"),
     path("profiles/", catalog.profile_list, name="profiles"),
     path("profiles/<str:kind>/new/", catalog.profile_edit, name="profile-new"),
     path("profiles/<str:kind>/<str:name>/", catalog.profile_edit, name="profile"),

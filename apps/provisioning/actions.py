@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 State = ProvisioningRequest.State
 #: How far in the past a start may lie and still count as "now" (the form's clock, a slow request).
 START_SLACK_S = 120
+#: How far ahead a start may lie.
+MAX_AHEAD_DAYS = 366
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ def check_request(
                           field="gpu_type")  # fmt: skip
     if start_at is not None and start_at < now - timedelta(seconds=START_SLACK_S):
         raise ActionError("The start lies in the past; leave it out to start as soon as possible.", field="start_at")
+    if start_at is not None and start_at > now + timedelta(days=MAX_AHEAD_DAYS):
+        raise ActionError(f"The start lies more than {MAX_AHEAD_DAYS} days ahead.", field="start_at")
     rules = policy_of(workspace)
     if duration_s > rules.max_duration_s:
         raise ActionError(
@@ -218,7 +222,7 @@ def do_request(
              f"Asked for {gpr.gpus} {gpr.gpu_type} for {_hours(gpr.duration_s)}, "
              f"{'as soon as possible' if gpr.asap else 'from ' + _when(gpr.start_at)}; "
              f"earliest feasible start {_when(asked.found.start)}.")  # fmt: skip
-        why = auto_refusal(gpr, asked.found)
+        why = _auto_refusal(gpr, asked.found)
         if why is None:
             _hold(gpr, asked.found, acting_user=None, auto=True)
             _log(Event.GPR_APPROVE, gpr, None, SYSTEM, "approved",
@@ -232,7 +236,15 @@ def do_request(
     return gpr
 
 
-def auto_refusal(gpr: ProvisioningRequest, found: Found) -> str | None:
+def auto_refusal(asked: Asked) -> str | None:
+    """Why the workspace's policy would leave these terms to an admin; None if it would approve them at
+    once (the check `do_request` makes, for terms not saved: the form's and the API's estimate)."""
+    unsaved = ProvisioningRequest(workspace=asked.workspace, gpu_type=asked.gpu_type, gpus=asked.gpus,
+                                  duration_s=asked.duration_s)  # fmt: skip
+    return _auto_refusal(unsaved, asked.found)
+
+
+def _auto_refusal(gpr: ProvisioningRequest, found: Found) -> str | None:
     """Why the policy leaves the request to an admin; None if it approves it."""
     rules = policy_of(gpr.workspace)
     if rules.auto_approve_max_s is None:
@@ -280,6 +292,8 @@ def do_approve(
         if start_at is not None:
             if start_at < begin - timedelta(seconds=START_SLACK_S):
                 raise ActionError("An approval may move the start later, not earlier than asked.", field="start_at")
+            if start_at > now + timedelta(days=MAX_AHEAD_DAYS):
+                raise ActionError(f"The start lies more than {MAX_AHEAD_DAYS} days ahead.", field="start_at")
             changes.append(f"from {_when(start_at)}")
             begin = max(start_at, now)
         found = find_slot(gpu_type=gpr.gpu_type, gpus=gpr.gpus, duration_s=gpr.duration_s, not_before=begin,

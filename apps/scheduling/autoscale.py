@@ -22,6 +22,8 @@ from apps.scheduling.engine import schedule
 from apps.scheduling.types import Device, NodeInfo, Snapshot
 
 ONE = Decimal("1")
+# Sorts after every name the portal gives a node (digits, letters, "/", "-").
+LAST = "\U0010ffff"
 Power = Literal["up", "down", "powering_up", "powering_down", "failed"]
 
 
@@ -84,24 +86,36 @@ def decide(snapshot: Snapshot, pools: Sequence[ElasticPool], now: float) -> list
 
 
 def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> dict[str, dict[str, list[str]]]:
-    """Per pool, the powered-down nodes what-if admission places pending work on, with that work."""
+    """Per pool, the powered-down nodes what-if admission places pending work on, with that work.
+
+    In the what-if, nodes that are off (or starting) are renamed to sort after every running node:
+    among nodes the engine finds equally good it takes the least name, so running nodes are filled
+    first, and a node is started only for what no running one can take."""
     down = {n.name: pool for pool in pools for n in pool.nodes if n.power == "down"}
     if not down or not snapshot.pending:
         return {}
     # Nodes already starting count as up: what waits for them is not counted again.
     starting = {n.name for pool in pools for n in pool.nodes if n.power == "powering_up"}
+    renamed = {name: f"{LAST}{name}" for name in (*down, *starting)}
+    original = {new: old for old, new in renamed.items()}
     nodes = tuple(
-        NodeInfo(n.name, n.cluster, n.gpu_type, tuple(Device(d.index, ONE) for d in n.devices))
-        if n.name in down or n.name in starting else n
+        NodeInfo(renamed[n.name], n.cluster, n.gpu_type, tuple(Device(d.index, ONE) for d in n.devices))
+        if n.name in renamed else n
         for n in snapshot.nodes
     )  # fmt: skip
-    whatif = replace(snapshot, nodes=nodes, policy=replace(snapshot.policy, preemption=False))
+    reservations = tuple(
+        replace(r, devices=tuple((renamed.get(node, node), index) for node, index in r.devices))
+        for r in snapshot.reservations
+    )
+    whatif = replace(snapshot, nodes=nodes, reservations=reservations,
+                     policy=replace(snapshot.policy, preemption=False))  # fmt: skip
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for admit in schedule(whatif).admitted:
         for replica in admit.placement:
-            pool = down.get(replica.node)
-            if pool is not None and admit.key not in found[pool.key][replica.node]:
-                found[pool.key][replica.node].append(admit.key)
+            name = original.get(replica.node, replica.node)
+            pool = down.get(name)
+            if pool is not None and admit.key not in found[pool.key][name]:
+                found[pool.key][name].append(admit.key)
     return found
 
 

@@ -1,6 +1,7 @@
 """GPU Portal's Python SDK: submit jobs and follow them, launch instances, notebooks and Ray
 clusters (``gpuportal.ray``: CodeFlare's ``Cluster``, ``ClusterConfiguration`` and ``RayJob``),
-deploy models at inference endpoints (``client.endpoints``).
+deploy models at inference endpoints (``client.endpoints``), reserve GPUs ahead of time
+(``client.gprs``).
 
 from gpuportal import Client
 
@@ -32,6 +33,7 @@ from gpuportal.errors import (  # noqa: E402
     WaitTimeout,
     WorkloadFailed,
 )
+from gpuportal.gprs import GPR, GPREstimate, GPREvent, Reservation  # noqa: E402
 from gpuportal.models import (  # noqa: E402
     Artifact,
     ComputeProfile,
@@ -54,8 +56,9 @@ from gpuportal.workloads import Workload  # noqa: E402
 __all__ = [
     "APIError", "Artifact", "ArtifactError", "AuthenticationError", "Client", "Cluster", "ClusterConfiguration",
     "ClusterStatus", "CodeFlareClusterStatus", "ComputeProfile", "ConfigError", "Conflict", "Endpoint",
-    "EndpointReplica", "EndpointSample", "GPUPortalError", "InferenceProfile", "Instance", "Job", "JobSpec",
-    "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound", "PermissionDenied", "PortalUnreachable",
-    "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode", "ReplicaLog", "ScaleEvent", "ServerError",
-    "SpecError", "User", "ValidationError", "WaitTimeout", "Workload", "WorkloadFailed", "Workspace", "__version__",
+    "EndpointReplica", "EndpointSample", "GPR", "GPREstimate", "GPREvent", "GPUPortalError", "InferenceProfile",
+    "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound",
+    "PermissionDenied", "PortalUnreachable", "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode",
+    "ReplicaLog", "Reservation", "ScaleEvent", "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout",
+    "Workload", "WorkloadFailed", "Workspace", "__version__",
 ]  # fmt: skip

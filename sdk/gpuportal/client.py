@@ -25,6 +25,7 @@ from gpuportal.errors import (
     WaitTimeout,
     error_for,
 )
+from gpuportal.gprs import GPRs
 from gpuportal.models import User
 from gpuportal.rayclusters import RayClusters
 from gpuportal.resources import Instances, Jobs, Notebooks, Profiles, Workspaces
@@ -40,8 +41,8 @@ class Client:
 
     Resources: ``workspaces``, ``profiles``, ``instances``, ``notebooks``, ``jobs``,
     ``ray_clusters`` (``gpuportal.ray`` builds CodeFlare's ``Cluster`` and ``RayJob`` on it),
-    ``endpoints`` (inference endpoints) and ``workloads`` (every kind in one read-only list, with
-    its kind). Errors
+    ``endpoints`` (inference endpoints), ``gprs`` (GPU provisioning requests: GPUs reserved ahead of
+    time) and ``workloads`` (every kind in one read-only list, with its kind). Errors
     are raised as the typed exceptions of ``gpuportal.errors``, with the portal's message.
     """
 
@@ -74,6 +75,7 @@ class Client:
         self.jobs = Jobs(self)
         self.ray_clusters = RayClusters(self)
         self.endpoints = Endpoints(self)
+        self.gprs = GPRs(self)
         self.workloads = Workloads(self)
 
     @classmethod

@@ -33,15 +33,17 @@ from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfil
 from apps.compute.actions import check_launch_instance, check_launch_notebook, do_delete_notebook
 from apps.compute.collaborators import do_set_collaborator
 from apps.compute.models import Collaborator, Instance, Notebook
+from apps.elastic.models import PoolScaling
 from apps.inference.actions import check_create_endpoint
 from apps.inference.models import Endpoint as InferenceEndpoint
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
-from apps.inventory.models import GPU, Cluster, Node
+from apps.inventory.models import GPU, Cluster, Node, NodePool
 from apps.invitations.actions import do_invite
 from apps.invitations.models import Invitation
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
+from apps.provisioning.actions import check_request, do_request
 from apps.rayclusters.actions import check_create_cluster
 from apps.rayclusters.models import RayCluster
 from apps.workspaces.actions import (
@@ -90,6 +92,8 @@ class Endpoint:
     delete: bool = False
     delete_by: str = "bob"
     actions: tuple[str, ...] = ()  # POST detail actions
+    # POST detail actions the table does not drive (other roles or states; tested where named in the row)
+    other_actions: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()  # GET detail actions: readers may use them, other tenants get a 404
     # GET detail actions that hand out a credential: writers (change_by) may use them, readers get a 403
     secret_reads: tuple[str, ...] = ()
@@ -253,6 +257,37 @@ def more_invitations(world: World, rows: range) -> None:
             invited_by=world.alice,
             expires_at=timezone.now() + timedelta(days=7),
         )
+
+
+def gpr(world: World, workspace: Workspace) -> Any:
+    """A GPU provisioning request left to an admin (beyond the workspace's quota), two days ahead."""
+    asked = check_request(workspace, gpu_type="h100", gpus=6, duration_s=3600,
+                          start_at=timezone.now() + timedelta(days=2))  # fmt: skip
+    return do_request(asked, priority=0, justification="Tests.", acting_user=acting(world, workspace))
+
+
+def more_gprs(world: World, rows: range) -> None:
+    for _ in rows:
+        gpr(world, world.team_a)
+
+
+def slurm_pool(name: str, nodes: int = 1) -> NodePool:
+    """A pool of Slurm cluster burst with `nodes` nodes, all up."""
+    burst, _ = Cluster.objects.get_or_create(
+        name="burst", defaults={"kind": "slurm", "connection": {"partition": "gpu"}}
+    )
+    pool = NodePool.objects.create(cluster=burst, name=name)
+    Node.objects.bulk_create(Node(pool=pool, name=f"{name}-{i}") for i in range(nodes))
+    return pool
+
+
+def pool_scaling(world: World, workspace: Workspace) -> PoolScaling:
+    return PoolScaling.objects.create(pool=slurm_pool("elastic", 2), max_nodes=2)
+
+
+def more_pool_scaling(world: World, rows: range) -> None:
+    for n in rows:
+        PoolScaling.objects.create(pool=slurm_pool(f"pool-{n}", 2), max_nodes=2)
 
 
 def quota(world: World, workspace: Workspace) -> Any:
@@ -472,6 +507,10 @@ ENDPOINTS = [
              actions=("discover",), more=more_clusters),
     Endpoint("nodes", lambda w, ws: Node.objects.get(), tenant=False),
     Endpoint("gpus", lambda w, ws: GPU.objects.order_by("index").first(), tenant=False, more=more_gpus),
+    Endpoint("pool-scaling", pool_scaling, tenant=False, read_by="admin",
+             create=lambda w, ws: {"pool": slurm_pool("static").pk, "max_nodes": 1}, create_by="admin",
+             patch={"scale_down_delay_s": 1200}, change_by="admin", delete=True, delete_by="admin",
+             reads=("decisions",), more=more_pool_scaling),
     Endpoint("audit-events", event, more=more_events),
     Endpoint("users", lambda w, ws: w.bob, lookup="username", tenant=False, read_by="admin",
              create=lambda w, ws: {"username": "newbie", "email": "newbie@example.org", "groups": ["team-a"]},
@@ -486,6 +525,13 @@ ENDPOINTS = [
              create_by="alice", patch={"name": "Queue wait, long"}, change_by="alice", delete=True,
              delete_by="alice", actions=("silence",), more=more_alert_rules),
     Endpoint("alerts", alert, change_by="alice", actions=("silence",), more=more_alerts),
+    # Cancel (which ends it), release (of an active one) and admins' decisions: tests/provisioning/test_api.py.
+    Endpoint("gprs", gpr,
+             create=lambda w, ws: {"workspace": ws.name, "gpu_type": "h100", "gpus": 1, "duration_s": 3600,
+                                   "start_at": (timezone.now() + timedelta(days=3)).isoformat().replace("+00:00", "Z"),
+                                   "justification": "More."},
+             patch={"gpus": 5}, reads=("events",), more=more_gprs,
+             other_actions=("cancel", "release", "approve", "reject", "decide-change")),
 ]  # fmt: skip
 
 # API routes outside the router: who you are, the one route open without signing in, and your own
@@ -502,4 +548,8 @@ OTHER_ROUTES = {
     "admin/whatif/": "GET",  # admins only: tests/scheduling/test_whatif_api.py checks who may do what
     "admin/whatif/<int:pk>/": "GET",
     "admin/whatif/<int:pk>/csv/": "GET",
+    # tests/provisioning/test_api.py: estimates save nothing; the calendar shows only what the queue shows
+    "gprs/estimate/": "POST",
+    "gprs/calendar/": "GET",
+    "gpr-policies/<str:workspace>/": "GET",  # tests/provisioning/test_policy_api.py checks who may do what
 }

@@ -78,7 +78,7 @@ class TestEndpoint:
             assert (row.patch is not None) == (hasattr(viewset, "partial_update") and "patch" in methods), row
             assert row.delete == (hasattr(viewset, "destroy") and "delete" in methods), row
             extra = viewset.get_extra_actions()
-            assert set(row.actions) == {a.url_path for a in extra if "post" in a.mapping}, row
+            assert set(row.actions + row.other_actions) == {a.url_path for a in extra if "post" in a.mapping}, row
             assert set(row.reads + row.secret_reads) == {a.url_path for a in extra if set(a.mapping) == {"get"}}, row
             assert all(action.detail for action in viewset.get_extra_actions()), "list actions: extend the table"
             assert row.lookup == getattr(viewset, "lookup_field", "pk"), row

@@ -6,7 +6,6 @@ and over random pools, none of these ever broken."""
 from __future__ import annotations
 
 from dataclasses import replace
-from decimal import Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,3 +128,10 @@ def test_no_decision_breaks_the_bounds_or_stops_a_busy_node(states, idle, gangs,
             assert running - len(change.nodes) >= low
             assert all(states[names.index(n)] == "up" for n in change.nodes)
             assert all(2000.0 - idle[names.index(n)] >= 600.0 for n in change.nodes)
+
+
+def test_running_nodes_are_filled_before_any_is_started_whatever_the_names() -> None:
+    # The stopped nodes' names sort before the running one's: still, one node is started, not two.
+    shot = snap(cluster(["z9"], ["a1", "a2"]), (gang("job:1", 2),))
+    [change] = decide(shot, [pool(up("z9", idle_since=0.0), down("a1"), down("a2"))], 1000.0)
+    assert change.nodes == ("a1",)
