@@ -999,16 +999,17 @@ class Engine:
         ]
 
     def _evict_for(self, reservation: Reservation, decisions: Decisions) -> None:
-        """From `grace_s` before it begins: evict other workspaces' work from the reservation's
-        devices, except work on another reservation under way that overlaps this one (the two were
-        never to share devices: the first placed keeps them), and, until it begins, work declared to
-        end by then (its limit stops it in time)."""
+        """From `grace_s` before it begins: evict the work on the reservation's devices that is not
+        its own (the holder's ordinary work too: it would keep the holder's larger work out of its own
+        reservation; requeued, it may come back inside it), except work on another reservation under
+        way that overlaps this one (the two were never to share devices: the first placed keeps
+        them), and, until it begins, work declared to end by then (its limit stops it in time)."""
         now = self.clock or 0.0
         label = reservation.label or f"reservation {reservation.key}"
         for _, node, position in self._devices_of(reservation):
             for running in self._running_on(node, position):
                 workload = running.workload
-                if workload.workspace == reservation.workspace:
+                if workload.reservation == reservation.key:
                     continue
                 inside = self.reservation_by_key.get(workload.reservation or "")
                 if inside is not None and self._active(inside.key) and inside.end > reservation.start:

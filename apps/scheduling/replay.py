@@ -9,7 +9,24 @@ ran out of preemption searches (`max_preemption_tries`): then the next periodic 
 own books, independently of the engine, to count quota violations and partial gangs.
 
     python -m apps.scheduling.replay --trace jobs.csv --quotas quotas.csv \\
-        --gpus-per-node 8 --policy portal --json out.json
+        --gpus-per-node 8 --policy portal --json out.json [--reservations reservations.csv]
+
+Reservations (`--reservations`, optional): a CSV file with columns
+workspace,gpus,start_time_s,duration_s[,gpu_type], one row per reservation of `gpus` whole devices
+held for a team (`workspace`) from `start_time_s` for `duration_s` (`gpu_type`, if given, must be
+the replay's one type, "gpu"). The replay places each, in order of start, with the capacity
+calendar (`apps.scheduling.calendar.earliest_start`) from its start on, over the replay's nodes and
+the reservations placed before it (no running work blocks one: trace jobs are preemptible), hands
+all of them to the engine before every cycle (`Engine.set_reservations`), and runs a cycle at the
+first period from `grace_s` before each start, from each start and from each end, as the portal's
+loop would. The metrics then gain "reservations": per reservation, where and when it was placed,
+how long after its start (or after the first of its holder's work that it can hold began to wait,
+if later) the largest job of its holder then waiting started, when its holder's work was first
+admitted on it, how many of its devices the holder's own ordinary work still held at its start
+(the engine leaves a holder's work where it is), the GPU-hours it held and those its holder used on
+its devices within it, the jobs evicted for it, and the other teams' runs that held one of its
+devices at a moment within it (`overlaps`, which must be empty), from the replay's own books.
+Without reservations the replay and its output are as before.
 
 See docs/scheduler.md for the policies, how preempted jobs resume and what each metric means.
 """
@@ -31,6 +48,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from apps.scheduling.calendar import earliest_start
 from apps.scheduling.engine import Engine
 from apps.scheduling.types import (
     OBSERVED_RUNS,
@@ -42,6 +60,7 @@ from apps.scheduling.types import (
     NodeInfo,
     Policy,
     Quota,
+    Reservation,
     Workload,
     WorkspaceInfo,
     units_of,
@@ -53,6 +72,7 @@ COHORT = "all"
 THOUSANDTH = Decimal("0.001")
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
 QUOTA_COLUMNS = ("team", "gpus")  # and optionally "cohort": teams lend to and borrow from their cohort
+RESERVATION_COLUMNS = ("workspace", "gpus", "start_time_s", "duration_s")  # and optionally "gpu_type"
 METRIC_KEYS = (
     "jobs", "avg_jct_s", "avg_duration_s", "p50_wait_s", "p95_wait_s", "p99_wait_s", "gpu_utilization",
     "makespan_s", "jain_fairness_across_teams", "quota_violations", "partial_gangs", "preemptions", "rejected",
@@ -80,6 +100,18 @@ class Job:
 
 
 @dataclass(frozen=True)
+class ReservationRequest:
+    """A reservation the trace asks for: `gpus` whole devices for `workspace` over `duration_s` from
+    `start_s` (the replay places it, see `place_reservations`)."""
+
+    workspace: str
+    gpus: int
+    start_s: float
+    duration_s: float
+    seq: int = 0  # order in the reservations file: its key is "reservation:<seq + 1>"
+
+
+@dataclass(frozen=True)
 class Options:
     gpus_per_node: int = 8
     policy: Policy = field(default_factory=Policy)
@@ -89,6 +121,7 @@ class Options:
     interval_s: float = 2.0  # the portal's PORTAL_SCHEDULER_INTERVAL_S
     cohorts: dict[str, str | None] | None = None  # per team, from the quotas file; None: one cohort of all
     cluster_gpus: int | None = None  # GPUs in the cluster; None: the sum of the quotas
+    reservations: tuple[ReservationRequest, ...] = ()  # see the module's docstring
 
 
 def _number(row: dict[str, str], column: str, where: str, *, positive: bool = False) -> Decimal:
@@ -135,6 +168,25 @@ def read_trace(path: Path) -> list[Job]:
         jobs.append(Job(job_id, submit, duration, gpus, team, seq))
     jobs.sort(key=lambda j: (j.submit_s, j.seq))
     return jobs
+
+
+def read_reservations(path: Path) -> tuple[ReservationRequest, ...]:
+    """Reservations in the file's order; columns workspace,gpus,start_time_s,duration_s[,gpu_type]."""
+    requests = []
+    for seq, (where, row) in enumerate(_rows(path, RESERVATION_COLUMNS)):
+        workspace = (row.get("workspace") or "").strip()
+        if not workspace:
+            raise TraceError(f"{where}: workspace must not be empty")
+        gpu_type = (row.get("gpu_type") or "").strip() or GPU_TYPE
+        if gpu_type != GPU_TYPE:
+            raise TraceError(f"{where}: gpu_type must be {GPU_TYPE!r}, the replay's one type, got {gpu_type!r}")
+        gpus = _number(row, "gpus", where, positive=True)
+        if gpus != gpus.to_integral_value():
+            raise TraceError(f"{where}: gpus must be a whole number of devices, got {row['gpus'].strip()!r}")
+        start = float(_number(row, "start_time_s", where))
+        duration = float(_number(row, "duration_s", where, positive=True))
+        requests.append(ReservationRequest(workspace, int(gpus), start, duration, seq))
+    return tuple(requests)
 
 
 def read_cohorts(path: Path) -> dict[str, str | None] | None:
@@ -207,6 +259,31 @@ def build_workspaces(
     return tuple(workspaces)
 
 
+def place_reservations(
+    requests: Sequence[ReservationRequest], nodes: Sequence[NodeInfo], teams: set[str]
+) -> tuple[Reservation, ...]:
+    """Each request placed by the capacity calendar at its start or the earliest moment after it
+    that its devices are free of the reservations placed before it (in order of start, then of the
+    file); TraceError for a team the replay does not know or more GPUs than the cluster has."""
+    placed: list[Reservation] = []
+    for request in sorted(requests, key=lambda r: (r.start_s, r.seq)):
+        key = f"reservation:{request.seq + 1}"
+        if request.workspace not in teams:
+            raise TraceError(f"{key}: workspace {request.workspace!r} has no quota and no jobs in the trace")
+        slot = earliest_start(
+            gpus=request.gpus, gpu_type=GPU_TYPE, cluster=CLUSTER, duration_s=request.duration_s,
+            not_before=request.start_s, nodes=nodes, reservations=placed, running=(),
+        )  # fmt: skip
+        if slot is None:
+            total = sum(len(node.devices) for node in nodes)
+            raise TraceError(f"{key}: asks for {request.gpus} GPUs, the cluster has {total}")
+        label = f"{request.workspace}'s reservation {key}"
+        placed.append(
+            Reservation(key, request.workspace, slot.cluster, GPU_TYPE, slot.devices, slot.start, slot.end, label)
+        )
+    return tuple(placed)
+
+
 def cohort_of(team: str, cohorts: dict[str, str | None] | None) -> str | None:
     """A team's cohort: one cohort of all without a cohort column; else its own (a team that is not in
     the quotas file has none)."""
@@ -217,7 +294,8 @@ def cohort_of(team: str, cohorts: dict[str, str | None] | None) -> str | None:
 
 
 class Audit:
-    """What the engine admitted, checked without trusting it: quota use and device allocation."""
+    """What the engine admitted, checked without trusting it: quota use and device allocation. Work
+    admitted on a reservation is not counted against its team's quota until the reservation ends."""
 
     def __init__(
         self,
@@ -235,16 +313,29 @@ class Audit:
         self.devices = {n.name: [UNIT] * len(n.devices) for n in nodes}  # free thousandths per device
         self.quota_violations = 0
         self.partial_gangs = 0
+        self.uncounted: dict[str, tuple[str, Workload]] = {}  # running on a reservation: (its key, the work)
 
     def admit(self, admit: Admit, workload: Workload) -> None:
         if not self._placement_ok(admit, workload):
             self.partial_gangs += 1
+        if admit.reservation is not None:
+            self.uncounted[workload.key] = (admit.reservation, workload)
+            return
         self.used[workload.workspace] += units_of(workload.total_gpus)
         if not self._quota_ok(workload.workspace):
             self.quota_violations += 1
 
+    def reservation_ended(self, key: str) -> None:
+        """Reservation `key` ended: the work still running on it counts against quota from now on
+        (it may leave its team above quota, as the engine does: that is no admission beyond it)."""
+        for workload_key, (reservation, workload) in list(self.uncounted.items()):
+            if reservation == key:
+                del self.uncounted[workload_key]
+                self.used[workload.workspace] += units_of(workload.total_gpus)
+
     def release(self, admit: Admit, workload: Workload) -> None:
-        self.used[workload.workspace] -= units_of(workload.total_gpus)
+        if self.uncounted.pop(workload.key, None) is None:
+            self.used[workload.workspace] -= units_of(workload.total_gpus)
         for replica in admit.placement:
             free = self.devices.get(replica.node)
             for index, share in replica.devices:
@@ -310,6 +401,31 @@ class _Progress:
     admit: Admit | None = None
     workload: Workload | None = None
     finished_at: float | None = None
+    queued_at: float = 0.0  # when it was last submitted or requeued
+
+
+@dataclass
+class _Held:
+    """One reservation's books, kept by the replay apart from the engine (see reservation_metrics)."""
+
+    reservation: Reservation
+    requested_start_s: float
+    devices: frozenset[tuple[str, int]]
+    # From its start: when work of its holder that it can hold first waited, the largest such job
+    # then (the first queued among equals), and when that job next started, here or elsewhere.
+    waited_at: float | None = None
+    waiting_job: str | None = None
+    waiting_job_started_at: float | None = None
+    first_admitted_at: float | None = None  # the first admission of its holder's work on it
+    admissions: int = 0
+    evicted: int = 0  # preemptions the engine made for it
+    used_gpu_s: float = 0.0  # its holder's runs on its devices within it
+    overlaps: list[str] = field(default_factory=list)  # other teams' jobs that ran on its devices within it
+    # Its devices that its holder's ordinary work (admitted before it began, counted against quota)
+    # held at its first cycle from its start: the engine leaves them to the holder, so they are not
+    # free for the holder's work on the reservation until that work ends.
+    holder_ordinary_gpus: int | None = None
+    ended: bool = False
 
 
 class Replay:
@@ -342,6 +458,18 @@ class Replay:
         self.unestimated: set[str] = set()  # submitted, not started yet, no estimate yet
         self.waited_unknown: set[str] = set()  # waited at least one cycle with no estimate
         self.estimate_cpu_s = 0.0
+        # Reservations: placed once, handed to the engine before every cycle, a cycle forced at the
+        # first period from their moments (see _force_at); none without --reservations.
+        teams = set(quotas) | {job.team for job in jobs}
+        self.reservations = place_reservations(options.reservations, self.nodes, teams)
+        requested = {f"reservation:{r.seq + 1}": r.start_s for r in options.reservations}
+        self.held = {r.key: _Held(r, requested[r.key], frozenset(r.devices)) for r in self.reservations}
+        self.forced: set[float] = set()
+        if self.reservations:
+            self.engine.set_reservations(self.reservations)  # before any submit: see its docstring
+            for reservation in self.reservations:
+                for moment in (reservation.start - options.policy.grace_s, reservation.start, reservation.end):
+                    self._force_at(moment)
 
     def _timed(self, call: Callable[[], Any]) -> Any:
         started = time.process_time()
@@ -354,15 +482,17 @@ class Replay:
         """One cycle at every timestamp where jobs end or arrive, or a rule of time expires while
         work is pending; all ends first, then all arrivals."""
         jobs, next_job = self.jobs, 0
-        while next_job < len(jobs) or self.ends:
+        # With reservations, waiting work may also wait for one to end: its forced cycle comes as a wakeup.
+        while next_job < len(jobs) or self.ends or (self.forced and self.engine.pending and self.wakeups):
             now = min(
                 jobs[next_job].submit_s if next_job < len(jobs) else math.inf,
                 self.ends[0][0] if self.ends else math.inf,
                 self.wakeups[0] if self.wakeups else math.inf,
             )
-            while self.wakeups and self.wakeups[0] <= now:
-                heapq.heappop(self.wakeups)
             happened = False
+            while self.wakeups and self.wakeups[0] <= now:
+                if heapq.heappop(self.wakeups) in self.forced:
+                    happened = True
             while self.ends and self.ends[0][0] <= now:
                 self._finish(heapq.heappop(self.ends)[2], now)
                 happened = True
@@ -391,6 +521,7 @@ class Replay:
         return median(recent) if recent else None
 
     def _submit(self, progress: _Progress, now: float) -> None:
+        progress.queued_at = now
         workload = self._workload(progress, self._observed(progress.job.team, now))
         if self.options.estimates and progress.job.job_id not in self.first_start:
             self.unestimated.add(progress.job.job_id)
@@ -408,17 +539,31 @@ class Replay:
             moment = math.ceil(moment / interval) * interval
         heapq.heappush(self.wakeups, moment)
 
+    def _force_at(self, moment: float) -> None:
+        """A cycle at the portal loop's first periodic cycle from `moment` (a reservation's eviction,
+        start or end), whether or not work waits then, under every policy."""
+        interval = self.options.interval_s
+        moment = max(0.0, math.ceil(moment / interval) * interval if interval > 0 else moment)
+        self.forced.add(moment)
+        heapq.heappush(self.wakeups, moment)
+
     def _finish(self, job_id: str, now: float) -> None:
         progress = self.progress[job_id]
         self._timed(lambda: self.engine.finish(job_id, now))
         assert progress.admit is not None and progress.workload is not None
         self.audit.release(progress.admit, progress.workload)
+        if self.reservations:
+            self._ran(progress, now)
         progress.finished_at = now
         self.runs[progress.job.team].append((now, now - progress.run_started_at))
         progress.admit = progress.workload = None
 
     def _cycle(self, now: float) -> None:
+        if self.reservations:
+            self._before_cycle(now)
         decisions: Decisions = self._timed(lambda: self.engine.cycle(now, explain=False))
+        if self.reservations:
+            self._count_for_reservations(decisions, now)
         self.counts["cycles"] += 1
         self.counts["rejected"] += len(decisions.rejected)
         self.unestimated.difference_update(reject.key for reject in decisions.rejected)
@@ -479,6 +624,8 @@ class Replay:
         self.audit.release(progress.admit, progress.workload)
         self.ends.remove((progress.end_at, progress.job.seq, progress.job.job_id))
         heapq.heapify(self.ends)
+        if self.reservations:
+            self._ran(progress, now)
         worked = max(0.0, now - progress.run_started_at - progress.restart_s)
         interval = self.options.checkpoint_interval_s
         if interval > 0:
@@ -490,6 +637,85 @@ class Replay:
 
     def metrics(self) -> dict[str, Any]:
         return compute_metrics(self)
+
+    # -- reservations ------------------------------------------------------------------------------
+
+    def _before_cycle(self, now: float) -> None:
+        """Hand the engine the reservations, as the portal does each cycle; count work on those that
+        ended against quota; note when a holder's work first waits on one under way."""
+        self.engine.set_reservations(self.reservations)
+        for held in self.held.values():
+            reservation = held.reservation
+            if now >= reservation.end and not held.ended:
+                held.ended = True
+                self.audit.reservation_ended(reservation.key)
+            elif reservation.start <= now < reservation.end:
+                if held.holder_ordinary_gpus is None:
+                    held.holder_ordinary_gpus = self._held_by_holder(held)
+                if held.waited_at is None:
+                    held.waited_at, held.waiting_job = self._waiting_for(reservation)
+
+    def _held_by_holder(self, held: _Held) -> int:
+        """How many of the reservation's devices its holder's running ordinary work holds."""
+        devices: set[tuple[str, int]] = set()
+        for _, _, job_id in self.ends:
+            progress = self.progress[job_id]
+            admit = progress.admit
+            if admit is None or admit.reservation is not None or progress.job.team != held.reservation.workspace:
+                continue
+            devices.update((r.node, index) for r in admit.placement for index, _ in r.devices)
+        return len(devices & held.devices)
+
+    def _waiting_for(self, reservation: Reservation) -> tuple[float | None, str | None]:
+        """From the reservation's start: when the holder's waiting work that it can hold (no more GPUs
+        than it has) was first queued, and the largest such job (the first queued among equals);
+        (None, None) if none waits."""
+        queue = self.engine.queues.get(reservation.workspace)
+        fits = []
+        for _, _, key, _ in queue.items if queue else ():
+            progress = self.progress[key]
+            gpus = progress.replicas * progress.gpus_per_replica
+            if gpus <= reservation.gpus:
+                fits.append((-gpus, progress.queued_at, key))
+        if not fits:
+            return None, None
+        return max(reservation.start, min(queued for _, queued, _ in fits)), min(fits)[2]
+
+    def _count_for_reservations(self, decisions: Decisions, now: float) -> None:
+        for preempt in decisions.preempted:
+            held = self.held.get(preempt.for_key)
+            if held is not None:
+                held.evicted += 1
+        for admit in decisions.admitted:
+            for held in self.held.values():
+                if held.waiting_job == admit.key and held.waiting_job_started_at is None:
+                    held.waiting_job_started_at = now
+            if admit.reservation is not None:
+                held = self.held[admit.reservation]
+                held.admissions += 1
+                if held.first_admitted_at is None:
+                    held.first_admitted_at = now
+
+    def _ran(self, progress: _Progress, now: float) -> None:
+        """A run ended (finished or preempted): what of it fell on each reservation's devices within
+        the reservation, its holder's use or another team's overlap."""
+        assert progress.admit is not None
+        began = progress.run_started_at
+        for held in self.held.values():
+            reservation = held.reservation
+            start, end = max(began, reservation.start), min(now, reservation.end)
+            if start >= end:
+                continue
+            shares = [
+                share for replica in progress.admit.placement for index, share in replica.devices
+                if (replica.node, index) in held.devices
+            ]  # fmt: skip
+            if not shares:
+                continue
+            if progress.job.team == reservation.workspace:
+                held.used_gpu_s += float(sum(shares)) * (end - start)
+            else:
+                held.overlaps.append(progress.job.job_id)
 
 
 # --- Metrics --------------------------------------------------------------------------------------
@@ -542,6 +768,44 @@ def compute_metrics(replay: Replay) -> dict[str, Any]:
     }
     result = {key: round(value, 6) if isinstance(value, float) else value for key, value in result.items()}
     result["per_workspace"] = per_workspace(replay)
+    if replay.reservations:
+        result["reservations"] = reservation_metrics(replay)
+    return result
+
+
+def reservation_metrics(replay: Replay) -> list[dict[str, Any]]:
+    """Per reservation, in order of start: where and when it was placed; when its holder's work
+    first waited for it (from its start), the largest job then waiting, and its start latency: from
+    then until that job started (None if none waited or it never started); when its holder's work
+    was first admitted on it; how many of its devices the holder's ordinary work
+    still held at its start (not free for the holder's work on it until that ends); the GPU-hours
+    it held and those its holder used on its devices within it; the jobs evicted for it; other
+    teams' jobs that ran on its devices within it (must be none)."""
+    result = []
+    for held in replay.held.values():
+        reservation = held.reservation
+        waited, started = held.waited_at, held.waiting_job_started_at
+        latency = started - waited if waited is not None and started is not None else None
+        result.append({
+            "key": reservation.key,
+            "workspace": reservation.workspace,
+            "gpus": reservation.gpus,
+            "nodes": len({node for node, _ in reservation.devices}),
+            "requested_start_s": held.requested_start_s,
+            "start_s": reservation.start,
+            "end_s": reservation.end,
+            "holder_waited_at_s": waited,
+            "holder_waiting_job": held.waiting_job,
+            "holder_waiting_job_started_at_s": started,
+            "start_latency_s": latency,
+            "holder_first_admitted_at_s": held.first_admitted_at,
+            "holder_admissions": held.admissions,
+            "holder_ordinary_gpus_at_start": held.holder_ordinary_gpus,
+            "evicted": held.evicted,
+            "reserved_gpu_h": round(reservation.gpus * (reservation.end - reservation.start) / 3600, 6),
+            "used_gpu_h": round(held.used_gpu_s / 3600, 6),
+            "overlaps": sorted(held.overlaps),
+        })  # fmt: skip
     return result
 
 
@@ -642,6 +906,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, default=None, help="replay only the first LIMIT jobs of the trace file")
     p.add_argument(
+        "--reservations",
+        type=Path,
+        default=None,
+        help="CSV: workspace,gpus,start_time_s,duration_s[,gpu_type]: whole GPUs held for a team over a window",
+    )
+    p.add_argument(
         "--estimates",
         action="store_true",
         help="record each waiting job's first estimated start and report how far its actual start was from it",
@@ -721,10 +991,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs.sort(key=lambda j: (j.submit_s, j.seq))
         quotas = read_quotas(args.quotas)
         options = replace(options, cohorts=read_cohorts(args.quotas))
+        if args.reservations is not None:
+            options = replace(options, reservations=read_reservations(args.reservations))
+        run = Replay(jobs, quotas, options)
     except TraceError as error:
         print(f"replay: error: {error}", file=sys.stderr)
         return 2
-    result = Replay(jobs, quotas, options).run()
+    result = run.run()
     text = json.dumps(result, indent=2) + "\n"
     if args.json == "-":
         sys.stdout.write(text)

@@ -141,14 +141,23 @@ def test_preemptible_work_is_not_placed_on_reserved_devices_within_grace_of_the_
     assert admitted(made.cycle(940.0)) == []
 
 
-def test_other_workspaces_running_work_is_evicted_from_a_reservation_but_not_the_holders() -> None:
+def test_work_not_of_the_reservation_is_evicted_from_it_the_holders_ordinary_work_too() -> None:
     made = engine(ws("team-a", "8"), ws("team-b", "8"), nodes=[node("n1", "1", "1", "0", "0")], reservations=[LATER])
     made.add_running(running("run:a", "team-a", (2,), preemptible=False))
+    # The holder's ordinary work, counted by its quota: it would keep the holder's larger work out of
+    # its own reservation. Requeued, it may come back inside it.
     made.add_running(running("run:b", "team-b", (3,), preemptible=False))
 
     decisions = made.cycle(1000.0)
 
-    assert [(p.key, p.for_key, p.grace_s) for p in decisions.preempted] == [("run:a", "gpr:1", 0.0)]
+    assert [(p.key, p.for_key, p.grace_s) for p in decisions.preempted] == [("run:a", "gpr:1", 0.0),
+                                                                            ("run:b", "gpr:1", 0.0)]  # fmt: skip
+
+
+def test_the_holders_work_inside_its_reservation_stays() -> None:
+    made = engine(ws("team-b", "0"), nodes=[node("n1", "1", "1", "0", "1")], reservations=[LATER])
+    made.add_running(replace(running("run:b", "team-b", (2,), started_at=1000.0), reservation="gpr:1"))
+    assert made.cycle(1001.0).preempted == []
 
 
 def test_work_declared_to_end_by_the_start_is_left_to_end() -> None:

@@ -81,7 +81,8 @@ def test_it_fails_with_exit_status_1_and_writes_nothing_when_slurm_cannot_be_ask
 
 
 def test_it_names_the_partitions_slurm_has_when_the_asked_one_has_no_nodes(db: None) -> None:
-    with pytest.raises(CommandError, match=r"^Slurm has no nodes in partition gpus \(its partitions: elastic, gpu\)\.$"):
+    refused = r"^Slurm has no nodes in partition gpus \(its partitions: elastic, gpu\)\.$"
+    with pytest.raises(CommandError, match=refused):
         call_command("register_cluster", "slurm", "--partition", "gpus")
     with pytest.raises(CommandError, match=r"^'Slurm_1': "):
         call_command("register_cluster", "Slurm_1")
