@@ -204,6 +204,10 @@ class Engine:
         # (thousandths per replica, replicas): a shape at least as large in both fits no better, until
         # evictions give devices back (see _unplaceable).
         self.unplaceable: dict[tuple[str, str | None], list[tuple[int, int]]] = defaultdict(list)
+        # The same for the second try on reservations' fenced devices (_try_place_fenced), per (GPU type,
+        # cluster asked for, preemptible): the devices a workload may open depend on that alone when
+        # it declares no limit.
+        self.fenced_unplaceable: dict[tuple[str, str | None, bool], list[tuple[int, int]]] = defaultdict(list)
         self.memos = 0  # changes with what a pass knows of refusals: see _refused_shapes
         # Per workspace, the shapes of its queue known to be refused, and what that holds for: see _refused_shapes.
         self.fits_something: dict[str, tuple[tuple[int, int, bool], frozenset[int]]] = {}
@@ -401,6 +405,7 @@ class Engine:
         self.held_quota.clear()
         self.held_until.clear()
         self.unplaceable.clear()
+        self.fenced_unplaceable.clear()
         self.fits_something.clear()
         self.preemption.new_pass()  # what its searches found holds in this pass only
         if explain:
@@ -1061,11 +1066,20 @@ class Engine:
         """A second try, with the fenced devices of the reservations it may use (_opens) opened; what
         is left free of them is fenced again."""
         by_key = self.reservation_by_key
+        # Shapes of workloads that open the same devices and found no room in this pass: a shape at
+        # least as large fits no better until evictions give devices back (see _unplaceable).
+        memo = None if workload.more or workload.max_runtime_s is not None else (
+            workload.gpu_type, workload.cluster, workload.preemptible)  # fmt: skip
+        share, replicas = workload.replica_units, workload.replicas
+        if memo is not None and any(s <= share and r <= replicas for s, r in self.fenced_unplaceable.get(memo, ())):
+            return None
 
         def opens(keys: list[str]) -> bool:
             return all(self._opens(workload, by_key[key]) for key in keys)
 
         for pool in self._pools_for(workload):
+            if pool.free_units + self.fences.taken_in(pool) < workload.units:
+                continue
             opened = self.fences.open(pool, opens)
             if not opened:
                 continue
@@ -1075,6 +1089,8 @@ class Engine:
                 self.fences.close(pool, opened)
             if placed is not None:
                 return pool, placed
+        if memo is not None:
+            self.fenced_unplaceable[memo].append((share, replicas))
         return None
 
     def _fenced_note(self, workload: Workload) -> str:
@@ -1112,6 +1128,7 @@ class Engine:
             self._stop(running.workload.key)
             decisions.preempted.append(self.preemption.decision(running.workload, workload))
         self.unplaceable.clear()  # the evictions gave devices back
+        self.fenced_unplaceable.clear()
         self.preemption.failed.clear()
         kind, _ = self._try_admit(workload, decisions)
         assert not kind, "preemption must make room for the workload it was made for"

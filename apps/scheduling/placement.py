@@ -312,6 +312,10 @@ class Fences:
         covers.append(key)
         self.of_key.setdefault(key, (pool, []))[1].append(spot)
 
+    def taken_in(self, pool: Pool) -> int:
+        """The thousandths fenced out of `pool` now: at most what opening its fences gives back."""
+        return sum(self.taken[spot] for spot in self.in_pool.get(pool, ()))
+
     def open(self, pool: Pool, opens: Callable[[list[str]], bool]) -> list[Spot]:
         """Give back to `pool` the fenced devices whose keys `opens` lets through; `close` them again."""
         opened = [spot for spot in self.in_pool.get(pool, ()) if opens(self.covers[spot])]
