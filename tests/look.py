@@ -56,9 +56,9 @@ def look(
     return seen
 
 
-def _fits(page: Any, tries: int = 10) -> bool:
+def _fits(page: Any, tries: int = 20) -> bool:
     """Whether the page fits its width; asked again for a few seconds, as charts redraw for a new
-    width a moment later (longer on a busy machine)."""
+    width a moment later (longer on a busy machine: up to ten seconds here)."""
     for _ in range(tries - 1):
         if page.evaluate(FITS):
             return True
