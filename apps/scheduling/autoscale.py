@@ -62,7 +62,7 @@ class Change:
 
 def decide(snapshot: Snapshot, pools: Sequence[ElasticPool], now: float) -> list[Change]:
     """What to change now, pool by pool: at most one change a pool (start some, or stop some)."""
-    wanted = _wanted(snapshot, pools)
+    wanted, used = _wanted(snapshot, pools)
     owners = {w.key: w.workspace for w in snapshot.pending}
     reserved = _reserved_soon(snapshot, pools, now)
     changes = []
@@ -74,7 +74,8 @@ def decide(snapshot: Snapshot, pools: Sequence[ElasticPool], now: float) -> list
         if start and pool.may_grow:
             changes.append(_grow(pool, start, wanted.get(pool.key, {}), reserved.get(pool.key, set()), down, owners))
             continue
-        stop = _idle(pool, now, set(needed) | _holding(snapshot, pool, now), len(up))
+        # Empty nodes pending work would be placed on (the next cycle admits it) are kept too.
+        stop = _idle(pool, now, set(needed) | used | _holding(snapshot, pool, now), len(up))
         if stop:
             empty = min(now - n.idle_since for n in stop if n.idle_since is not None)
             reason = (
@@ -85,15 +86,17 @@ def decide(snapshot: Snapshot, pools: Sequence[ElasticPool], now: float) -> list
     return changes
 
 
-def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> dict[str, dict[str, list[str]]]:
-    """Per pool, the powered-down nodes what-if admission places pending work on, with that work.
+def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> tuple[dict[str, dict[str, list[str]]], set[str]]:
+    """Per pool, the powered-down nodes what-if admission places pending work on, with that work; and
+    every elastic node it places work on (an empty node that is up and will be used is not stopped).
 
     In the what-if, nodes that are off (or starting) are renamed to sort after every running node:
     among nodes the engine finds equally good it takes the least name, so running nodes are filled
     first, and a node is started only for what no running one can take."""
     down = {n.name: pool for pool in pools for n in pool.nodes if n.power == "down"}
-    if not down or not snapshot.pending:
-        return {}
+    idle = {n.name for pool in pools for n in pool.nodes if n.power == "up" and not n.busy}
+    if not (down or idle) or not snapshot.pending:
+        return {}, set()
     # Nodes already starting count as up: what waits for them is not counted again.
     starting = {n.name for pool in pools for n in pool.nodes if n.power == "powering_up"}
     renamed = {name: f"{LAST}{name}" for name in (*down, *starting)}
@@ -110,13 +113,15 @@ def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> dict[str, dict[
     whatif = replace(snapshot, nodes=nodes, reservations=reservations,
                      policy=replace(snapshot.policy, preemption=False))  # fmt: skip
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    used: set[str] = set()
     for admit in schedule(whatif).admitted:
         for replica in admit.placement:
             name = original.get(replica.node, replica.node)
+            used.add(name)
             pool = down.get(name)
             if pool is not None and admit.key not in found[pool.key][name]:
                 found[pool.key][name].append(admit.key)
-    return found
+    return found, used
 
 
 def _reserved_soon(snapshot: Snapshot, pools: Sequence[ElasticPool], now: float) -> dict[str, set[str]]:

@@ -135,3 +135,12 @@ def test_running_nodes_are_filled_before_any_is_started_whatever_the_names() -> 
     shot = snap(cluster(["z9"], ["a1", "a2"]), (gang("job:1", 2),))
     [change] = decide(shot, [pool(up("z9", idle_since=0.0), down("a1"), down("a2"))], 1000.0)
     assert change.nodes == ("a1",)
+
+
+def test_an_empty_node_that_pending_work_will_be_placed_on_is_not_stopped() -> None:
+    # n2 came up for the gang a moment ago and the cycle has not admitted it yet: n2 stays, even
+    # with no delay at all; n3, which nothing needs, stops.
+    shot = snap(cluster(["n1", "n2", "n3"], [], {"n1": 4}), (gang("job:1", 1),))
+    nodes = (up("n1", busy=True), up("n2", idle_since=990.0), up("n3", idle_since=990.0))
+    [change] = decide(shot, [pool(*nodes, delay_s=0.0)], 1000.0)
+    assert change.action == "down" and change.nodes == ("n3",)
