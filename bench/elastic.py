@@ -37,7 +37,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -357,19 +356,6 @@ def summary(values: Iterable[float]) -> dict[str, float]:
     }
 
 
-def load(traces: Path, skip: int, limit: int | None, seed: int) -> tuple[list[replay.Job], dict[str, int], str]:
-    """The slice's jobs (submission order), the quotas, and where they came from."""
-    source = f"{traces / 'philly_vc_jobs.csv'}, jobs {skip} to {'the end' if limit is None else skip + limit - 1}"
-    if not (traces / "philly_vc_jobs.csv").exists():
-        count = limit or 6_000
-        traces = synthetic.write(Path(tempfile.mkdtemp(prefix="elastic-")), seed=seed, count=count)
-        source, skip = f"bench/synthetic.py, {count} jobs, seed {seed}", 0
-    jobs = sorted(replay.read_trace(traces / "philly_vc_jobs.csv"), key=lambda j: j.seq)
-    jobs = jobs[skip : None if limit is None else skip + limit]
-    jobs.sort(key=lambda j: (j.submit_s, j.seq))
-    return jobs, replay.read_quotas(traces / "philly_vc_quota.csv"), source
-
-
 def compare(jobs: list[replay.Job], quotas: dict[str, int], settings: Settings) -> dict[str, Any]:
     """Both runs, their figures and wall times, the saving and the checks."""
     result: dict[str, Any] = {}
@@ -418,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    jobs, quotas, source = load(args.traces, args.skip, args.limit or None, args.seed)
+    jobs, quotas, source = synthetic.trace_slice(args.traces, args.skip, args.limit or None, args.seed)
     settings = Settings(
         gpus_per_node=args.gpus_per_node, period_s=args.period_s, start_delay_s=args.start_delay_s,
         scale_down_delay_s=args.scale_down_delay_s, min_nodes=args.min_nodes, max_nodes=args.max_nodes,

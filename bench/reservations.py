@@ -35,7 +35,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -53,19 +52,6 @@ from bench import synthetic  # noqa: E402
 
 HOUR_S = 3600.0
 HOLDER_USE = 0.9  # the holder's job runs for this share of its reservation
-
-
-def load(traces: Path, skip: int, limit: int | None, seed: int) -> tuple[list[Job], dict[str, int], str]:
-    """The slice's jobs (submission order), the quotas, and where they came from."""
-    source = f"{traces / 'philly_vc_jobs.csv'}, jobs {skip} to {'the end' if limit is None else skip + limit - 1}"
-    if not (traces / "philly_vc_jobs.csv").exists():
-        count = limit or 6_000
-        traces = synthetic.write(Path(tempfile.mkdtemp(prefix="reservations-")), seed=seed, count=count)
-        source, skip = f"bench/synthetic.py, {count} jobs, seed {seed}", 0
-    jobs = sorted(replay.read_trace(traces / "philly_vc_jobs.csv"), key=lambda j: j.seq)
-    jobs = jobs[skip : None if limit is None else skip + limit]
-    jobs.sort(key=lambda j: (j.submit_s, j.seq))
-    return jobs, replay.read_quotas(traces / "philly_vc_quota.csv"), source
 
 
 def choose(
@@ -137,7 +123,7 @@ def run_all(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """The three replays and what they say (see the module's docstring)."""
     parsed = replay.parser().parse_args(["--trace", "-", "--quotas", "-", "--json", "-", "--policy", "portal", *extra])
     options = replay.options_from(parsed)
-    jobs, quotas, source = load(args.traces, args.skip, args.limit, args.seed)
+    jobs, quotas, source = synthetic.trace_slice(args.traces, args.skip, args.limit, args.seed)
     chosen = choose(jobs, quotas, args.count, args.seed, options.gpus_per_node)
     requests = tuple(request for request, _ in chosen)
     holders = {request.workspace for request in requests}

@@ -19,7 +19,9 @@ import csv
 import math
 import random
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 # (team, quota in GPUs, share of the jobs): five virtual clusters, 160 GPUs (20 nodes of 8); the first
 # far beyond its quota, as the Philly trace's busiest team.
@@ -65,6 +67,23 @@ def write(folder: Path, *, seed: int = 1, count: int = 6_000) -> Path:
         writer.writerow(("team", "gpus"))
         writer.writerows((team, quota) for team, quota, _ in TEAMS)
     return folder
+
+
+def trace_slice(traces: Path, skip: int, limit: int | None, seed: int) -> tuple[list[Any], dict[str, int], str]:
+    """Jobs `skip` to `skip + limit` of the Philly trace in `traces` (the replay's `Job`s, in
+    submission order), its quotas, and where they came from; without the trace there, `limit`
+    jobs (6,000 without one) of a synthetic trace of this seed stand in."""
+    from apps.scheduling import replay  # the benchmarks that slice a trace put the checkout on the path
+
+    source = f"{traces / 'philly_vc_jobs.csv'}, jobs {skip} to {'the end' if limit is None else skip + limit - 1}"
+    if not (traces / "philly_vc_jobs.csv").exists():
+        count = limit or 6_000
+        traces = write(Path(tempfile.mkdtemp(prefix="trace-")), seed=seed, count=count)
+        source, skip = f"bench/synthetic.py, {count} jobs, seed {seed}", 0
+    jobs = sorted(replay.read_trace(traces / "philly_vc_jobs.csv"), key=lambda j: j.seq)
+    jobs = jobs[skip : None if limit is None else skip + limit]
+    jobs.sort(key=lambda j: (j.submit_s, j.seq))
+    return jobs, replay.read_quotas(traces / "philly_vc_quota.csv"), source
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from apps.scheduling.replay import Job
 from apps.scheduling.types import Admit
 from bench import synthetic
-from bench.elastic import ElasticReplay, Settings, compare, load
+from bench.elastic import ElasticReplay, Settings, compare
 
 HOUR_S = 3600.0
 QUOTAS = {"a": 16, "b": 16}  # 32 GPUs: 4 nodes of 8
@@ -74,7 +74,7 @@ def test_under_a_light_load_it_scales_up_for_the_bursts_and_down_after_them() ->
 
 
 def test_a_synthetic_philly_slice_passes_its_checks(tmp_path: Path) -> None:
-    jobs, quotas, _ = load(synthetic.write(tmp_path, seed=3, count=300), 0, None, 3)
+    jobs, quotas, _ = synthetic.trace_slice(synthetic.write(tmp_path, seed=3, count=300), 0, None, 3)
     result = compare(jobs, quotas, Settings())
     assert all(result["checks"].values())
     assert result["elastic"]["finished"] == result["fixed"]["finished"] == 300
