@@ -229,6 +229,9 @@ class Engine:
         self.unended: tuple[Reservation, ...] = ()
         self.fences = Fences()
         self.reserved_runs: dict[str, _Running] = {}
+        # Per reservation under way: the largest of its holder's waiting work that fits it (see
+        # _claim), which the holder's smaller work may not crowd out of it.
+        self.claims: dict[str, Workload] = {}
 
     # -- feeding it --------------------------------------------------------------------------------
 
@@ -970,6 +973,52 @@ class Engine:
                 self.fences.add(reservation.key, pool, node, position)
                 kept.update(running.workload.key for running in self._running_on(node, position))
         self.preemption.kept = frozenset(kept)
+        self.claims = {}
+        for reservation in self.unended:
+            if reservation.start <= now:
+                claim = self._claim(reservation, now)
+                if claim is not None:
+                    self.claims[reservation.key] = claim
+
+    def _claim(self, reservation: Reservation, now: float) -> Workload | None:
+        """The largest of the holder's waiting work that the reservation's devices could hold (the
+        first in queue order of that size), or None: its smaller work goes in only where this one
+        still fits afterwards, so that a big job is not kept out of the reservation made for it by
+        the holder's own stream of small ones. It waits for the holder's running work there to end."""
+        queue = self.queues.get(reservation.workspace)
+        pool = self.pools.get((reservation.cluster, reservation.gpu_type))
+        if queue is None or pool is None or not queue.items:
+            return None
+        whole = [(node, position, UNIT) for _, node, position in self._devices_of(reservation)]
+        capacity = UNIT * len(whole)
+        best: Workload | None = None
+        for _, _, key, _ in queue.items:
+            workload = self.pending[key]
+            if (
+                workload.units <= capacity
+                and (best is None or workload.units > best.units)
+                and workload.gpu_type == reservation.gpu_type
+                and workload.eligible_at <= now
+                and (not workload.cluster or workload.cluster == reservation.cluster)
+                and place_apart(pool, whole, workload.shapes) is not None
+            ):
+                best = workload
+        return best
+
+    def _crowds_out(self, reservation: Reservation, workload: Workload, free: list[tuple[PoolNode, int, int]],
+                    placed: Placed) -> bool:  # fmt: skip
+        """Whether placing `workload` on the reservation's `free` shares as `placed` leaves no room
+        for the reservation's claim (see _claim), when that is another workload."""
+        claim = self.claims.get(reservation.key)
+        if claim is None or claim.key == workload.key or claim.key not in self.pending:
+            return False
+        taken: dict[tuple[str, int], int] = defaultdict(int)
+        for node, devices in placed:
+            for position, share in devices:
+                taken[node.name, position] += share
+        left = [(node, position, units - taken[node.name, position]) for node, position, units in free]
+        left = [spot for spot in left if spot[2] > 0]
+        return place_apart(self.pools[reservation.cluster, reservation.gpu_type], left, claim.shapes) is None
 
     def _settle_reserved_runs(self) -> None:
         """Work placed on a reservation counts against its workspace's quota only while the
@@ -1056,7 +1105,7 @@ class Engine:
             if pool is None or sum(units for _, _, units in free) < workload.units:
                 continue
             placed = place_apart(pool, free, workload.shapes)
-            if placed is not None:
+            if placed is not None and not self._crowds_out(reservation, workload, free, placed):
                 self.fences.use(placed)
                 self._admit(workload, pool, placed, 0, decisions, reservation=reservation.key)
                 return True

@@ -225,6 +225,30 @@ def test_the_holders_work_goes_into_its_reservation_after_quota_refused_smaller_
     assert [(a.key, a.reservation) for a in decisions.admitted] == [("job:2", "gpr:1")]
 
 
+def test_the_holders_small_work_does_not_crowd_its_largest_waiting_work_out_of_its_reservation() -> None:
+    made = engine(ws("team-b", "0"), reservations=[NOW])
+    made.submit(job("job:1", "team-b", "1"))
+    made.submit(job("job:2", "team-b", "1", seq=1))
+    made.submit(job("job:big", "team-b", "2", seq=2))  # the reservation's size, last in line
+
+    decisions = made.cycle(100.0)
+
+    assert [(a.key, a.reservation) for a in decisions.admitted] == [("job:big", "gpr:1")]
+    assert reasons(decisions)["job:1"].startswith("waiting for quota")
+
+
+def test_the_holders_largest_waiting_work_waits_for_its_running_work_there_and_nothing_else_takes_its_room() -> None:
+    made = engine(ws("team-b", "0"), nodes=[node("n1", "1", "1", "0", "1")], reservations=[NOW])
+    made.add_running(running("run:b", "team-b", (2,), reservation="gpr:1"))
+    made.submit(job("job:big", "team-b", "2"))
+    made.submit(job("job:small", "team-b", "1", seq=1))  # the free device of the two would keep job:big out
+
+    assert admitted(made.cycle(100.0)) == []
+
+    made.finish("run:b")
+    assert admitted(made.cycle(200.0)) == ["job:big"]
+
+
 def test_a_gang_goes_into_a_reservation_whole_or_not_at_all() -> None:
     made = engine(ws("team-b", "0"), nodes=[node("n1", "1", "1", "1", "1"), node("n2", "1", "1")],
                   reservations=[reservation((("n1", 2), ("n1", 3), ("n2", 0)), 0.0, 5000.0)])  # fmt: skip
