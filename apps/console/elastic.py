@@ -121,9 +121,11 @@ def chart_of(steps: list[tuple[datetime, int]], scaling: PoolScaling, nodes: int
 
 def _values(pool: NodePool, scaling: PoolScaling | None, nodes: int) -> dict[str, Any]:
     """The form's values: the pool's limits, or what a new elastic pool starts from (Slurm's power
-    saving on a Slurm cluster, else the operator's command)."""
-    slurm = pool.cluster.kind == Cluster.Kind.SLURM
-    provider = PoolScaling.Provider.SLURM if slurm else PoolScaling.Provider.COMMAND
+    saving on a Slurm cluster, the cluster autoscaler on Kubernetes, else the operator's command)."""
+    provider = {
+        Cluster.Kind.SLURM: PoolScaling.Provider.SLURM,
+        Cluster.Kind.KUBERNETES: PoolScaling.Provider.KUBERNETES,
+    }.get(pool.cluster.kind, PoolScaling.Provider.COMMAND)
     limits = actions.Limits.of(scaling) if scaling else actions.Limits(max_nodes=max(1, nodes), provider=provider)
     values = asdict(limits)
     values["budget_gpu_hours"] = "" if limits.budget_gpu_hours is None else limits.budget_gpu_hours

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
-from apps.console.elastic import WINDOW, size_history
+from apps.console.elastic import WINDOW, _values, size_history
 from apps.elastic.models import NodePower, PoolScaling, ScalingDecision
 from apps.inventory.actions import do_save_cluster
 from apps.inventory.models import GPU, Cluster, Node, NodePool
@@ -159,3 +159,11 @@ def test_it_costs_the_same_queries_however_many_decisions_and_nodes(
     for i in range(4, 10):
         Node.objects.create(pool=pool, name=f"b{i}", state=Node.State.POWERED_DOWN)
     assert queries(admin, PAGE) == few
+
+
+def test_a_static_pools_form_starts_from_its_clusters_own_provider() -> None:
+    expected = {"slurm": "slurm", "kubernetes": "kubernetes", "local": "command"}
+    for kind, provider in expected.items():
+        cluster = Cluster.objects.create(name=f"c-{kind}", kind=kind)
+        pool = NodePool.objects.create(cluster=cluster, name="p")
+        assert _values(pool, None, 2)["provider"] == provider
