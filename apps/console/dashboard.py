@@ -11,7 +11,9 @@ from django.db.models import Count, Prefetch, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 
-from apps.inventory.models import GPU, Allocation, Cluster
+from apps.elastic.models import PoolScaling
+from apps.elastic.sizes import size_series
+from apps.inventory.models import GPU, Allocation, Cluster, Node
 from apps.telemetry.models import GpuSample
 from apps.telemetry.record import WINDOWS as SAMPLE_WINDOWS
 from apps.telemetry.record import latest, utilisation_series
@@ -88,6 +90,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "running_count": counts["running"],
         "windows": list(WINDOWS),
         "window": request.GET.get("window", DEFAULT_WINDOW),
+        "elastic_pools": elastic_pools(),
         "live_workspaces": [],
     }
     template = "console/_dashboard_body.html" if is_fragment(request) else "console/dashboard.html"
@@ -104,6 +107,26 @@ def usage_data(request: HttpRequest) -> JsonResponse:
     data["limits"] = devices
     data["limit_label"] = "devices"
     return JsonResponse(data)
+
+
+def elastic_pools() -> list[dict[str, Any]]:
+    """Each elastic pool, with its limits and its nodes up now, for its size chart."""
+    pools = PoolScaling.objects.select_related("pool__cluster").order_by("pool__cluster__name", "pool__name")
+    up = dict(
+        Node.objects.filter(state=Node.State.READY, pool__scaling__isnull=False)
+        .values("pool_id").annotate(n=Count("id")).values_list("pool_id", "n")
+    )  # fmt: skip
+    return [{"pk": s.pool_id, "label": f"{s.pool.cluster.name} / {s.pool.name}", "min": s.min_nodes,
+             "max": s.max_nodes, "up": up.get(s.pool_id, 0), "enabled": s.enabled} for s in pools]  # fmt: skip
+
+
+@admin_only
+def pool_size_data(request: HttpRequest, pk: int) -> JsonResponse:
+    """An elastic pool's nodes per state over the window, against its minimum and maximum."""
+    scaling = get_object_or_404(PoolScaling, pool_id=pk)
+    window = request.GET.get("window", DEFAULT_WINDOW)
+    span, buckets = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
+    return JsonResponse(size_series(scaling, span, buckets))
 
 
 @admin_only

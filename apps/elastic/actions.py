@@ -61,6 +61,12 @@ def check_limits(pool: NodePool, limits: Limits) -> None:
             f"{pool.cluster.get_kind_display()}: scale it by command.",
             field="provider",
         )
+    if limits.provider == PoolScaling.Provider.KUBERNETES and pool.cluster.kind != Cluster.Kind.KUBERNETES:
+        raise ActionError(
+            f"The cluster autoscaler's ProvisioningRequests start only a Kubernetes cluster's nodes, and "
+            f"{pool.cluster.name} is {pool.cluster.get_kind_display()}.",
+            field="provider",
+        )
     if limits.provider == PoolScaling.Provider.COMMAND and not limits.command:
         raise ActionError("A pool scaled by command needs the command's absolute path.", field="command")
     if limits.command:

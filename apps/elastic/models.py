@@ -3,9 +3,11 @@ running nodes, and shrinks (nodes powered down) when nodes stay empty, between a
 maximum, within a monthly budget of GPU-hours.
 
 ``PoolScaling`` holds a pool's limits and how its nodes are started and stopped (``provider``:
-Slurm's own power saving, or the operator's command). ``ScalingDecision`` records every decision
-with its reason, and its outcome. ``NodePower`` keeps when each node last changed power state and
-since when it has been empty: the start timeout and the scale-down delay are measured from them.
+Slurm's own power saving, the operator's command, or the Kubernetes cluster autoscaler).
+``ScalingDecision`` records every decision with its reason, and its outcome. ``NodePower`` keeps
+when each node last changed power state and since when it has been empty: the start timeout and the
+scale-down delay are measured from them.
+``PoolSizeSample`` keeps the pool's size by node state over time, for the cluster dashboard's chart.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class PoolScaling(models.Model):
     class Provider(models.TextChoices):
         SLURM = "slurm", "Slurm power saving"
         COMMAND = "command", "The operator's command"
+        KUBERNETES = "kubernetes", "The cluster autoscaler (Kubernetes ProvisioningRequest)"
 
     pool = models.OneToOneField("inventory.NodePool", on_delete=models.CASCADE, primary_key=True,
                                 related_name="scaling")  # fmt: skip
@@ -38,6 +41,9 @@ class PoolScaling(models.Model):
     # Pending workloads the last decision started nodes for: {"job:12": {"nodes": 2, "ready_by": iso}},
     # for their queue reason ("waiting for 2 nodes to start").
     starting_for = models.JSONField(default=dict, blank=True)
+    # What the provider keeps to find its requests again (Kubernetes: each slot's ProvisioningRequest and
+    # the Kubernetes node it was bound to); the portal's own bookkeeping is in the columns above.
+    provider_state = models.JSONField(default=dict, db_default={}, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -72,3 +78,27 @@ class NodePower(models.Model):
 
     def __str__(self) -> str:
         return f"power of {self.node}"
+
+
+class PoolSizeSample(models.Model):
+    """How many of a pool's nodes were in each power state at ``at``: written by the autoscaler's run when the
+    counts change, and at most once a minute otherwise; pruned after the telemetry's retention."""
+
+    pool = models.ForeignKey("inventory.NodePool", on_delete=models.CASCADE, related_name="size_samples")
+    at = models.DateTimeField(db_index=True)
+    ready = models.PositiveIntegerField(default=0)
+    starting = models.PositiveIntegerField(default=0)
+    stopping = models.PositiveIntegerField(default=0)
+    powered_down = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["pool", "at"]
+        indexes = [models.Index(fields=["pool", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.pool} at {self.at:%Y-%m-%d %H:%M}: {self.ready} ready"
+
+    @property
+    def counts(self) -> tuple[int, int, int, int, int]:
+        return (self.ready, self.starting, self.stopping, self.powered_down, self.failed)

@@ -1,6 +1,7 @@
-"""How an elastic pool's nodes are started and stopped: Slurm's own power saving, or the operator's
-command. Each provider starts and stops named nodes and, where it can, says what power state each is
-in; the autoscaler (apps/elastic/scaling.py) decides which."""
+"""How an elastic pool's nodes are started and stopped: Slurm's own power saving, the operator's
+command, or the Kubernetes cluster autoscaler (a ProvisioningRequest: apps/elastic/kubernetes.py).
+Each provider starts and stops named nodes and, where it can, says what power state each is in;
+the autoscaler (apps/elastic/scaling.py) decides which."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def power_up(scaling: PoolScaling, nodes: Sequence[str]) -> None:
 
         slurm_power.resume(list(nodes))  # undrained (a node stopped earlier), or a failed start forgotten
         slurm_power.power_up(list(nodes))
+    elif scaling.provider == PoolScaling.Provider.KUBERNETES:
+        from apps.elastic import kubernetes
+
+        kubernetes.power_up(scaling, nodes)
     else:
         _command(scaling, "up", nodes)
 
@@ -31,6 +36,10 @@ def reset(scaling: PoolScaling, nodes: Sequence[str]) -> None:
         from workers.backends import slurm_power
 
         slurm_power.resume(list(nodes))
+    elif scaling.provider == PoolScaling.Provider.KUBERNETES:
+        from apps.elastic import kubernetes
+
+        kubernetes.reset(scaling, nodes)
 
 
 def power_down(scaling: PoolScaling, nodes: Sequence[str]) -> None:
@@ -41,6 +50,10 @@ def power_down(scaling: PoolScaling, nodes: Sequence[str]) -> None:
 
         slurm_power.drain(list(nodes), "powered down by the portal's autoscaler")
         slurm_power.power_down(list(nodes))
+    elif scaling.provider == PoolScaling.Provider.KUBERNETES:
+        from apps.elastic import kubernetes
+
+        kubernetes.power_down(scaling, nodes)
     else:
         _command(scaling, "down", nodes)
 
@@ -48,12 +61,25 @@ def power_down(scaling: PoolScaling, nodes: Sequence[str]) -> None:
 def observe(scaling: PoolScaling, nodes: Sequence[str]) -> dict[str, Power] | None:
     """Each node's power state as the cluster reports it; None where the provider cannot say (the
     operator's command: the portal's own record is all there is)."""
+    if scaling.provider == PoolScaling.Provider.KUBERNETES:
+        from apps.elastic import kubernetes
+
+        return {name: _power(power) for name, power in kubernetes.observe(scaling, nodes).items()}
     if scaling.provider != PoolScaling.Provider.SLURM:
         return None
     from workers.backends import slurm_power
 
     found = slurm_power.node_power(list(nodes))
     return {name: _power(state.powered) for name, state in found.items()}
+
+
+def failure(scaling: PoolScaling, node: str) -> str:
+    """Why a node's start failed, where the provider says ('' where it does not: a start that timed out)."""
+    if scaling.provider == PoolScaling.Provider.KUBERNETES:
+        from apps.elastic import kubernetes
+
+        return kubernetes.failure(scaling, node)
+    return ""
 
 
 def _power(powered: str) -> Power:

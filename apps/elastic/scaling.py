@@ -5,7 +5,8 @@ the pool's timeout is marked failed, and reported), note since when up nodes hav
 the month's GPU-hours against the budget, then ask the pure decision (apps/scheduling/autoscale.py)
 what to start and stop, over the scheduler's own snapshot, and do it: every decision is recorded
 with its reason (``ScalingDecision``), shown in the console and counted in /metrics. A node chosen
-to stop is first kept from new work, and stopped only if nothing runs on it then.
+to stop is first kept from new work, and stopped only if nothing runs on it then. Each run ends with
+a sample of each pool's size (``PoolSizeSample``), for the cluster dashboard.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from django.db.models import Count
 from django.utils import timezone
 
 from apps.elastic import providers
-from apps.elastic.models import NodePower, PoolScaling, ScalingDecision
+from apps.elastic.models import NodePower, PoolScaling, PoolSizeSample, ScalingDecision
 from apps.inventory.models import GPU, Allocation, Node
 from apps.scheduling import adapter, autoscale
 from apps.scheduling.trigger import request_cycle
+from apps.telemetry.record import TIERS
 from workers.backends.base import BackendError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,48 @@ def upkeep(now: datetime | None = None) -> list[autoscale.Change]:
     by_key = {str(s.pool_id): s for s in pools}
     for change in changes:
         _apply(by_key[change.pool], change, now)
+    for scaling in pools:
+        record_size(scaling, now)
+    prune_sizes(now)
     return changes
+
+
+# --- the pools' size over time ----------------------------------------------------------------------
+
+
+SAMPLE_EVERY = timedelta(minutes=1)
+# As long as the telemetry keeps its coarsest samples (apps/telemetry/record.py).
+SIZE_RETENTION = TIERS[-1][1]
+PRUNE_EVERY = timedelta(hours=1)
+_pruned_at: datetime | None = None
+
+
+def size_counts(pool_id: int) -> tuple[int, int, int, int, int]:
+    """A pool's nodes that are ready, starting, stopping, powered down and failed."""
+    states = Counter(Node.objects.filter(pool_id=pool_id).values_list("state", flat=True))
+    return (states[State.READY], states[State.POWERING_UP], states[State.POWERING_DOWN],
+            states[State.POWERED_DOWN], states[State.FAILED])  # fmt: skip
+
+
+def record_size(scaling: PoolScaling, now: datetime) -> PoolSizeSample | None:
+    """A sample of the pool's size, when its counts changed since the last one or that is a minute old."""
+    counts = size_counts(scaling.pool_id)
+    last = PoolSizeSample.objects.filter(pool_id=scaling.pool_id).order_by("-at").first()
+    if last is not None and last.counts == counts and now - last.at < SAMPLE_EVERY:
+        return None
+    ready, starting, stopping, powered_down, failed = counts
+    return PoolSizeSample.objects.create(pool_id=scaling.pool_id, at=now, ready=ready, starting=starting,
+                                         stopping=stopping, powered_down=powered_down, failed=failed)  # fmt: skip
+
+
+def prune_sizes(now: datetime, *, force: bool = False) -> int:
+    """Drop samples older than the retention (at most once an hour)."""
+    global _pruned_at
+    if not force and _pruned_at is not None and now - _pruned_at < PRUNE_EVERY:
+        return 0
+    _pruned_at = now
+    deleted, _ = PoolSizeSample.objects.filter(at__lt=now - SIZE_RETENTION).delete()
+    return deleted
 
 
 # --- what is there --------------------------------------------------------------------------------
@@ -88,10 +131,13 @@ def _observe(scaling: PoolScaling, now: datetime) -> None:
         if state != node.state:
             _set_state(node, power, state, now)
             if state == State.FAILED:
-                ScalingDecision.objects.create(
-                    pool=scaling.pool, action=ScalingDecision.Action.FAILED, nodes=[node.name],
-                    reason=f"{node.name} did not start within {scaling.start_timeout_s} s: no work goes there",
+                why = providers.failure(scaling, node.name) if seen == "failed" else ""
+                reason = (
+                    f"{node.name} failed to start ({why}): no work goes there" if why
+                    else f"{node.name} did not start within {scaling.start_timeout_s} s: no work goes there"
                 )  # fmt: skip
+                ScalingDecision.objects.create(pool=scaling.pool, action=ScalingDecision.Action.FAILED,
+                                               nodes=[node.name], reason=reason[:1000])  # fmt: skip
                 request_cycle()
             elif state == State.READY:
                 request_cycle()  # work waiting for it may start now

@@ -12,6 +12,7 @@ node with work on it, never one a reservation not yet ended holds.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -99,7 +100,10 @@ def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> tuple[dict[str,
         return {}, set()
     # Nodes already starting count as up: what waits for them is not counted again.
     starting = {n.name for pool in pools for n in pool.nodes if n.power == "powering_up"}
-    renamed = {name: f"{LAST}{name}" for name in (*down, *starting)}
+    # In the order of the cluster's own names (b2 before b10), not of the engine's (ids, as strings).
+    labels = {n.name: n.label for pool in pools for n in pool.nodes}
+    order = sorted((*down, *starting), key=lambda name: (_natural(labels[name]), name))
+    renamed = {name: f"{LAST}{i:06d}{name}" for i, name in enumerate(order)}
     original = {new: old for old, new in renamed.items()}
     nodes = tuple(
         NodeInfo(renamed[n.name], n.cluster, n.gpu_type, tuple(Device(d.index, ONE) for d in n.devices))
@@ -167,6 +171,11 @@ def _grow(pool: ElasticPool, start: list[str], wanted: dict[str, list[str]], res
     labels = ", ".join(down[name].label for name in start)
     reason = f"adding {_nodes(len(start))} ({labels}) to {pool.gpu_type} on {pool.cluster} for {' and '.join(why)}"
     return Change(pool.key, "up", tuple(start), reason, tuple(keys))
+
+
+def _natural(label: str) -> tuple[tuple[int, int | str], ...]:
+    """A node name's sort key with its numbers compared as numbers: gpu-2 before gpu-10."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", label) if part)
 
 
 def _nodes(count: int) -> str:

@@ -117,6 +117,7 @@ BAD = [
     ({"provider": "command", "command": "/no/such/scale.sh"}, "command", "is not a file on the portal's host"),
     ({"provider": "command", "command": "{plain}"}, "command", "is not executable"),
     ({"provider": "cloud"}, "provider", "is not a valid choice"),
+    ({"provider": "kubernetes"}, "provider", "start only a Kubernetes cluster's nodes, and burst is Slurm"),
     ({"budget_gpu_hours": -5}, "budget_gpu_hours", "greater than or equal to 0"),
 ]
 
