@@ -61,6 +61,17 @@ class Event(StrEnum):
     CLUSTER_UPDATE = "cluster.update"
     CLUSTER_DELETE = "cluster.delete"
     CLUSTER_DISCOVER = "cluster.discover"
+    # Node maintenance (apps/inventory/maintenance.py): cordoned, drain asked for, drain done, back in
+    # service; maintenance windows announced, changed, withdrawn, begun and ended
+    NODE_CORDON = "node.cordon"
+    NODE_DRAIN = "node.drain"
+    NODE_DRAINED = "node.drained"
+    NODE_UNCORDON = "node.uncordon"
+    MAINTENANCE_CREATE = "maintenance.create"
+    MAINTENANCE_UPDATE = "maintenance.update"
+    MAINTENANCE_DELETE = "maintenance.delete"
+    MAINTENANCE_START = "maintenance.start"
+    MAINTENANCE_END = "maintenance.end"
     # Elastic node pools (apps/elastic): a pool's scaling limits set, or its scaling removed
     ELASTIC_SET = "elastic.set"
     ELASTIC_DELETE = "elastic.delete"

@@ -1,12 +1,13 @@
 from django.urls import path
 
-from apps.console import alerts, catalog, dashboard, elastic, gprs, people, usage, whatif, workspaces
+from apps.console import alerts, catalog, dashboard, elastic, gprs, maintenance, people, usage, whatif, workspaces
 
 app_name = "console"
 
 urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
     path("usage.json", dashboard.usage_data, name="usage"),
+    path("elastic/<int:pk>/size.json", dashboard.pool_size_data, name="pool-size"),
     path("inventory/", dashboard.inventory, name="inventory"),
     path("inventory/gpus/<int:pk>/", dashboard.gpu_detail, name="gpu"),
     path("inventory/gpus/<int:pk>/samples.json", dashboard.gpu_samples, name="gpu-samples"),
@@ -14,6 +15,10 @@ urlpatterns = [
     path("elastic/", elastic.elastic_pools, name="elastic"),
     path("elastic/<int:pk>/", elastic.elastic_set, name="elastic-set"),
     path("elastic/<int:pk>/delete/", elastic.elastic_delete, name="elastic-delete"),
+    path("maintenance/", maintenance.maintenance_page, name="maintenance"),
+    path("maintenance/nodes/<int:pk>/<str:verb>/", maintenance.node_action, name="maintenance-node"),
+    path("maintenance/windows/", maintenance.window_create, name="maintenance-window-new"),
+    path("maintenance/windows/<int:pk>/delete/", maintenance.window_delete, name="maintenance-window-delete"),
     path("whatif/", whatif.whatif_page, name="whatif"),
     path("whatif/<int:pk>/", whatif.whatif_run, name="whatif-run"),
     path("whatif/<int:pk>/csv/", whatif.whatif_csv, name="whatif-csv"),

@@ -177,7 +177,8 @@ def _apply_discovery(cluster: Cluster, found: Discovered) -> None:
         node = gone.pop(facts.name, None) or Node(name=facts.name)
         node.pool = pool
         node.cpu_cores, node.memory_gb, node.state = facts.cpu_cores, facts.memory_mb // 1024, facts.state
-        node.save()
+        # Only what the cluster reports: a cordon made meanwhile (apps/inventory/maintenance.py) stays.
+        node.save(update_fields=["pool", "cpu_cores", "memory_gb", "state", "updated_at"] if node.pk else None)
         gpus = found.gpus.get(facts.name, [])
         for info in gpus:
             GPU.objects.update_or_create(

@@ -3,9 +3,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from apps.names import validate_dns_label, validate_gpu_type
 
@@ -67,8 +68,26 @@ class Node(models.Model):
     name = models.CharField(max_length=253)
     cpu_cores = models.PositiveIntegerField(default=0)
     memory_gb = models.PositiveIntegerField(default=0)
+    # What the cluster reports (discovery, the elastic autoscaler): never the portal's maintenance.
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     updated_at = models.DateTimeField(auto_now=True)
+
+    # The portal's own maintenance of the node (apps/inventory/maintenance.py), apart from `state`
+    # so that discovery never undoes it: cordoned, no new work is placed there; with a drain asked
+    # for, its work is also moved off or waited out, and the drain is done once it is empty.
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    cordoned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    maintenance_reason = models.CharField(max_length=300, blank=True, default="", db_default="")
+    drain_requested_at = models.DateTimeField(null=True, blank=True)
+    drained_at = models.DateTimeField(null=True, blank=True)
+    # The window that drained it: the window's end brings it back.
+    maintenance_window = models.ForeignKey(
+        "MaintenanceWindow", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The workloads the drain evicted that may still be stopping there (a job in its grace).
+    drain_evicted = models.ManyToManyField("workloads.Workload", blank=True, related_name="+")
 
     class Meta:
         ordering = ["pool__cluster__name", "name"]
@@ -76,6 +95,60 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def maintenance(self) -> str:
+        """'' (in service), 'cordoned', 'draining' or 'drained'."""
+        if self.cordoned_at is None:
+            return ""
+        if self.drain_requested_at is None:
+            return "cordoned"
+        return "drained" if self.drained_at is not None else "draining"
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the scheduler may place new work here: the cluster says it is ready and the
+        portal has not cordoned it."""
+        return self.state == self.State.READY and self.cordoned_at is None
+
+
+class MaintenanceWindow(models.Model):
+    """Maintenance announced ahead: `nodes` of `cluster` (none named: all of its nodes) are drained
+    at `start_at` and brought back at `end_at`. The users whose work it affects are mailed when it
+    is announced, and their pages show it until it ends (`workspaces`: the workspaces of that work)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="maintenance_windows")
+    nodes = models.ManyToManyField(Node, blank=True, related_name="maintenance_windows")
+    start_at = models.DateTimeField()
+    end_at = models.DateTimeField()
+    reason = models.CharField(max_length=300)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    announced_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    workspaces = models.ManyToManyField("workspaces.Workspace", blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["start_at", "id"]
+        constraints = [models.CheckConstraint(condition=Q(end_at__gt=F("start_at")), name="maintenance_window_order")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster} {self.start_at:%Y-%m-%d %H:%M}-{self.end_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def state(self) -> str:
+        """'scheduled', 'active' or 'ended'."""
+        if self.ended_at is not None:
+            return "ended"
+        return "active" if self.started_at is not None else "scheduled"
+
+    def target_nodes(self) -> models.QuerySet[Node]:
+        """The nodes it covers: those named, or every node of its cluster."""
+        named = self.nodes.all()
+        return named if named.exists() else Node.objects.filter(pool__cluster=self.cluster)
 
 
 class GPU(models.Model):

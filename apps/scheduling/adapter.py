@@ -191,18 +191,18 @@ def _load_nodes() -> tuple[tuple[engine.NodeInfo, ...], dict[str, NodeRef]]:
     """The engine's nodes (one per node and GPU type) with each device's free share, and what each
     stands for, by its name.
 
-    Drained and down nodes come with no free share: nothing is placed there, but work that
-    needs them waits for them instead of being refused.
+    Drained, down and cordoned nodes (apps/inventory/maintenance.py) come with no free share:
+    nothing is placed there, but work that needs them waits for them instead of being refused.
     """
     used = dict(Allocation.objects.values("gpu_id").annotate(total=Sum("fraction")).values_list("gpu_id", "total"))
     gpus = GPU.objects.filter(node__pool__cluster__enabled=True).values_list(
-        "pk", "node_id", "index", "gpu_type", "node__pool__cluster__name", "node__state"
+        "pk", "node_id", "index", "gpu_type", "node__pool__cluster__name", "node__state", "node__cordoned_at"
     )
     devices: dict[tuple[int, str, str], list[engine.Device]] = {}
     refs: dict[str, NodeRef] = {}
-    for gpu_pk, node_pk, index, gpu_type, cluster, state in gpus.order_by("node_id", "index"):
+    for gpu_pk, node_pk, index, gpu_type, cluster, state, cordoned in gpus.order_by("node_id", "index"):
         free = max(Decimal("0"), Decimal("1") - used.get(gpu_pk, Decimal("0")))
-        if state != Node.State.READY:
+        if state != Node.State.READY or cordoned is not None:
             free = Decimal("0")
         devices.setdefault((node_pk, gpu_type, cluster), []).append(engine.Device(index, free))
         name = _node_name(node_pk, gpu_type)
@@ -279,7 +279,9 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
     pending: list[Row] = list(rows.filter(waiting).order_by("created_at", "id"))
     running: list[Row] = list(rows.filter(holding).order_by("created_at", "id"))
     allocations: dict[int, list[Allocation]] = defaultdict(list)
-    for allocation in Allocation.objects.select_related("gpu"):
+    # What runs on a cordoned node is left out of its placement: preempting it would free nothing
+    # there for other work (the node has no free share), so the engine never evicts it for that.
+    for allocation in Allocation.objects.select_related("gpu").filter(gpu__node__cordoned_at__isnull=True):
         allocations[allocation.workload_id].append(allocation)
     history = _update_history(now, rules.half_life_s, running)
     nodes, refs = _load_nodes()

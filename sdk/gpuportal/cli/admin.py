@@ -1,6 +1,7 @@
 """Platform admins' commands: `gpuportal admin replay` replays a window of the portal's history under
 today's settings and under changes (quotas, cohorts, policy, cluster size), side by side per
-workspace; `gpuportal admin replay-show` shows (or waits for) one replay."""
+workspace; `gpuportal admin replay-show` shows (or waits for) one replay; `gpuportal admin node`
+cordons, drains and brings back a node, and `gpuportal admin maintenance` announces windows."""
 
 from __future__ import annotations
 
@@ -168,3 +169,119 @@ def cell(key: str, value: float) -> str:
     if key.endswith("_s"):
         return fmt_duration(timedelta(seconds=value))
     return str(value)
+
+
+# --- Node maintenance ---------------------------------------------------------------------------------
+
+
+def cluster_node(target: str) -> tuple[str, str]:
+    """CLUSTER/NODE as its two names."""
+    cluster, _, node = target.partition("/")
+    if not cluster or not node or "/" in node:
+        fail(f"{target!r}: name a node as CLUSTER/NODE, such as slurm/node3.", EXIT_USAGE)
+    return cluster, node
+
+
+def node_line(node: dict[str, Any]) -> str:
+    what = node["maintenance"] or "in service"
+    why = f" ({node['maintenance_reason']})" if node.get("maintenance_reason") else ""
+    return f"Node {node['cluster']}/{node['name']}: {what}{why}; the cluster reports it {node['state']}."
+
+
+@admin.group(epilog=examples(
+    'gpuportal admin node cordon slurm/node3 --reason "fan noise"',
+    'gpuportal admin node drain slurm/node3 --reason "BIOS update" --grace 300',
+    "gpuportal admin node uncordon slurm/node3",
+))  # fmt: skip
+def node() -> None:
+    """Node maintenance: cordon (no new work), drain (work moved off or waited out), uncordon (back)."""
+
+
+@node.command(epilog=examples('gpuportal admin node cordon slurm/node3 --reason "fan noise"'))
+@click.argument("target", metavar="CLUSTER/NODE")
+@click.option("--reason", default="", help="Why (shown to admins; on Slurm, the node's drain reason).")
+@json_option
+def cordon(target: str, reason: str, as_json: bool) -> None:
+    """Place no new work on the node; what runs there goes on."""
+    cluster, name = cluster_node(target)
+    done = portal().cordon_node(cluster, name, reason=reason)
+    print_json(done) if as_json else click.echo(node_line(done))
+
+
+@node.command(epilog=examples('gpuportal admin node drain slurm/node3 --reason "BIOS update" --grace 300'))
+@click.argument("target", metavar="CLUSTER/NODE")
+@click.option("--reason", default="", help="Why (in the evicted work's reason and the audit trail).")
+@click.option("--grace", "grace_s", type=click.IntRange(0, 3600), metavar="SECONDS",
+              help="Time the work moved off gets to checkpoint (default: the portal's preemption grace).")  # fmt: skip
+@json_option
+def drain(target: str, reason: str, grace_s: int | None, as_json: bool) -> None:
+    """Cordon the node and move its work off: preemptible jobs, Ray clusters and endpoint replicas are
+    given their grace and requeued; instances and work not preemptible are waited out. The node is
+    "drained" once it is empty."""
+    cluster, name = cluster_node(target)
+    done = portal().drain_node(cluster, name, reason=reason, grace_s=grace_s)
+    print_json(done) if as_json else click.echo(node_line(done))
+
+
+@node.command(epilog=examples("gpuportal admin node uncordon slurm/node3"))
+@click.argument("target", metavar="CLUSTER/NODE")
+@json_option
+def uncordon(target: str, as_json: bool) -> None:
+    """Bring the node back into service."""
+    cluster, name = cluster_node(target)
+    done = portal().uncordon_node(cluster, name)
+    print_json(done) if as_json else click.echo(node_line(done))
+
+
+@admin.group(epilog=examples(
+    'gpuportal admin maintenance announce slurm --node node3 --start 2026-12-01T08:00Z --end 2026-12-01T12:00Z '
+    '--reason "New power supply"',
+    "gpuportal admin maintenance list",
+    "gpuportal admin maintenance withdraw 4",
+))  # fmt: skip
+def maintenance() -> None:
+    """Maintenance windows: announced to the users whose work they affect, their nodes drained at
+    the start and back at the end."""
+
+
+@maintenance.command("list")
+@click.option("--cluster", help="Only this cluster's windows.")
+@json_option
+def maintenance_list(cluster: str | None, as_json: bool) -> None:
+    """The maintenance windows, soonest first."""
+    windows = portal().maintenance_windows(cluster)
+    if as_json:
+        print_json(windows)
+        return
+    print_rows([{"ID": str(w["id"]), "CLUSTER": w["cluster"], "NODES": ",".join(w["nodes"]) or "(all)",
+                 "START": w["start_at"], "END": w["end_at"], "STATE": w["state"], "REASON": w["reason"]}
+                for w in windows])  # fmt: skip
+
+
+@maintenance.command("announce")
+@click.argument("cluster")
+@click.option("--node", "nodes", multiple=True, help="A node of the cluster (repeat; none: all of them).")
+@click.option("--start", required=True, help="When it begins (ISO 8601; without a zone, this machine's time).")
+@click.option("--end", required=True, help="When it ends.")
+@click.option("--reason", required=True, help="Why: the users affected read it.")
+@json_option
+def maintenance_announce(
+    cluster: str, nodes: tuple[str, ...], start: str, end: str, reason: str, as_json: bool
+) -> None:
+    """Announce a window; the users whose work it affects are mailed."""
+    window = portal().announce_maintenance(
+        cluster, nodes=list(nodes), start_at=moment(start, "--start"), end_at=moment(end, "--end"), reason=reason
+    )
+    if as_json:
+        print_json(window)
+    else:
+        told = ", ".join(window["workspaces"]) or "no workspace (nothing affected now)"
+        click.echo(f"Maintenance window {window['id']} announced; work affected in: {told}.")
+
+
+@maintenance.command("withdraw")
+@click.argument("window_id", type=int)
+def maintenance_withdraw(window_id: int) -> None:
+    """Withdraw a window; one under way ends at once and its nodes come back."""
+    portal().withdraw_maintenance(window_id)
+    click.echo(f"Maintenance window {window_id} withdrawn.")
