@@ -17,9 +17,10 @@ from apps.catalog.api import ComputeProfileViewSet, NotebookProfileViewSet
 from apps.compute.api import CollaboratorViewSet, InstanceViewSet, NotebookViewSet
 from apps.elastic.api import PoolScalingViewSet
 from apps.inference.api import EndpointViewSet, InferenceProfileViewSet
-from apps.inventory.api import ClusterViewSet, GPUViewSet, NodeViewSet
+from apps.inventory.api import ClusterViewSet, GPUViewSet, MaintenanceWindowViewSet, NodeViewSet
 from apps.invitations.api import InvitationViewSet
 from apps.jobs.api import JobViewSet
+from apps.manifests.api import ManifestsView
 from apps.provisioning.api import GPRCalendarView, GPREstimateView, GPRViewSet
 from apps.provisioning.policy_api import ProvisioningPolicyViewSet
 from apps.rayclusters.api import RayClusterViewSet
@@ -45,6 +46,7 @@ router.register("ray-clusters", RayClusterViewSet, basename="raycluster")
 router.register("workloads", WorkloadViewSet, basename="workload")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
+router.register("maintenance-windows", MaintenanceWindowViewSet, basename="maintenancewindow")
 router.register("gpus", GPUViewSet, basename="gpu")
 router.register("pool-scaling", PoolScalingViewSet, basename="poolscaling")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
@@ -74,6 +76,8 @@ urlpatterns = [
     path("admin/whatif/", WhatIfListView.as_view(), name="whatif-list"),
     path("admin/whatif/<int:pk>/", WhatIfDetailView.as_view(), name="whatif-detail"),
     path("admin/whatif/<int:pk>/csv/", WhatIfCSVView.as_view(), name="whatif-csv"),
+    # The platform as manifests: export and apply, admins only (tests/manifests/).
+    path("admin/manifests/", ManifestsView.as_view(), name="manifests"),
     # Before the router's gprs/<pk>/: an estimate saves nothing, and the calendar shows every
     # workspace's reservations with only what the queue shows (tests/provisioning/test_api.py).
     path("gprs/estimate/", GPREstimateView.as_view(), name="gpr-estimate"),

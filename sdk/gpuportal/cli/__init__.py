@@ -1,6 +1,6 @@
 """The `gpuportal` command line."""
 
-from gpuportal.cli import admin, endpoints, gprs, jobs, rayclusters, resources  # noqa: F401 - registers the commands
+from gpuportal.cli import admin, endpoints, gprs, jobs, manifests, rayclusters, resources  # noqa: F401 - registers the commands
 from gpuportal.cli.app import cli
 
 

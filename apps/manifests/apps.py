@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ManifestsConfig(AppConfig):
+    name = "apps.manifests"
+    label = "manifests"
