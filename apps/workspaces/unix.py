@@ -1,17 +1,24 @@
 """Each workspace's own Unix account, which its workloads run as when the portal runs as root.
 
-Workspace ``N`` gets the account ``gpw<N>`` with uid and gid ``PORTAL_WORKSPACE_UID_MIN + N``:
-the mapping is fixed, so every machine that runs the workspace's work (this one, Slurm's nodes
-sharing its accounts) agrees on it, and a portal restored from a backup finds the same accounts.
+The installation (its data directory) holds a block of uids on this machine, claimed in the
+machine's registry (workers/backends/uidblocks.py), so that two portals on one machine never share
+an account. Workspace ``N`` gets uid ``<block's first uid> + N``, named ``gpw<uid>``, with a comment
+naming the workspace and the installation. The mapping is fixed for the installation, so a portal
+restored from a backup of its data directory finds the same accounts, and machines that share
+accounts (Slurm's nodes) agree on it where the block is set (``PORTAL_WORKSPACE_UID_BLOCK``).
 The account is created on the first workload the workspace starts, and recorded on the row.
+
+Earlier releases named the account ``gpw<N>`` with uid ``PORTAL_WORKSPACE_UID_MIN + N``, for every
+portal on the machine alike. Such accounts are adopted (same uid and name, so files keep working)
+by the installation whose workspaces recorded them, which then holds the first block; where another
+installation holds it, they are left alone and this one's workspaces get accounts of their own.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-import shutil
-import subprocess
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -20,22 +27,73 @@ from django.db import transaction
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.workspaces.models import Workspace
+from workers.backends import uidblocks
 from workers.backends.base import BackendError, RunAs
+from workers.backends.uidblocks import Block
 
-USERADD_TIMEOUT_S = 30.0
-SBIN_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
+# The block each configuration (data directory, registry, range) holds, claimed once per process.
+_BLOCKS: dict[tuple[object, ...], Block] = {}
 
 
-def account_name(workspace: Workspace) -> str:
-    return f"gpw{workspace.pk}"
+def installation_block() -> Block:
+    """This installation's block of uids, claimed in the registry on first use (and the accounts
+    of earlier releases it recorded adopted). ``UidBlockError`` (permanent) where another live
+    installation holds it: the message names that installation's data directory."""
+    key = (
+        str(settings.DATA_DIR), str(settings.PORTAL_UID_REGISTRY_DIR), settings.PORTAL_WORKSPACE_UID_MIN,
+        settings.PORTAL_WORKSPACE_UID_MAX, settings.PORTAL_WORKSPACE_UID_BLOCK_SIZE,
+        settings.PORTAL_WORKSPACE_UID_BLOCK,
+    )  # fmt: skip
+    block = _BLOCKS.get(key)
+    if block is None:
+        record = uidblocks.read_installation(Path(settings.DATA_DIR)) or {}
+        legacy = {} if "first_uid" in record else legacy_accounts()  # adopted on the first claim only
+        block = uidblocks.claim(
+            Path(settings.PORTAL_UID_REGISTRY_DIR),
+            Path(settings.DATA_DIR),
+            uid_min=int(settings.PORTAL_WORKSPACE_UID_MIN),
+            uid_max=int(settings.PORTAL_WORKSPACE_UID_MAX),
+            block_size=int(settings.PORTAL_WORKSPACE_UID_BLOCK_SIZE),
+            pinned=settings.PORTAL_WORKSPACE_UID_BLOCK,
+            adoptable=legacy,
+        )
+        for account in legacy.values():
+            if block.holds(account.pw_uid):
+                _adopt(account, block)
+        _BLOCKS[key] = block
+    return block
+
+
+def legacy_accounts() -> dict[int, Any]:
+    """Accounts an earlier release made for this installation's workspaces, by uid: ``gpw<N>`` with
+    uid ``PORTAL_WORKSPACE_UID_MIN + N`` that workspace N recorded, and a comment naming a workspace
+    but no installation (another installation's would name it)."""
+    uid_min = int(settings.PORTAL_WORKSPACE_UID_MIN)
+    recorded = dict(Workspace.objects.filter(unix_uid__isnull=False).values_list("unix_uid", "pk"))
+    return {
+        entry.pw_uid: entry
+        for entry in pwd.getpwall()
+        if recorded.get(entry.pw_uid) is not None
+        and entry.pw_uid == uid_min + recorded[entry.pw_uid]
+        and entry.pw_name == f"gpw{recorded[entry.pw_uid]}"
+        and uidblocks.is_legacy_comment(entry.pw_gecos)
+    }
+
+
+def _adopt(account: Any, block: Block) -> None:
+    """Name the installation in an adopted account's comment: it is then this installation's to
+    use, and to delete with its block."""
+    comment = f"{account.pw_gecos} (installation {block.installation_id})"
+    uidblocks.run_sbin(["usermod", "--comment", comment, account.pw_name])
 
 
 def account_uid(workspace: Workspace) -> int:
-    uid = int(settings.PORTAL_WORKSPACE_UID_MIN) + int(workspace.pk)
-    if uid > int(settings.PORTAL_WORKSPACE_UID_MAX):
+    block = installation_block()
+    uid = block.first_uid + int(workspace.pk)
+    if not block.holds(uid):
         raise BackendError(
-            f"workspace {workspace.name} has no Unix account: uid {uid} is past PORTAL_WORKSPACE_UID_MAX "
-            f"({settings.PORTAL_WORKSPACE_UID_MAX}); widen the range",
+            f"workspace {workspace.name} has no Unix account: its uid would be {uid}, past this "
+            f"installation's block ({block.first_uid}-{block.last_uid}); raise PORTAL_WORKSPACE_UID_BLOCK_SIZE",
             permanent=True,
         )
     return uid
@@ -56,31 +114,38 @@ def workspace_run_as(workspace: Workspace, *, sandboxed: bool = True) -> RunAs |
 def ensure_account(workspace: Workspace) -> RunAs:
     """Create the workspace's account (and its group) if it does not exist yet; check it if it does.
 
-    ``BackendError(permanent=True)`` when the uid or the name is taken by another account: the
-    configured range overlaps accounts that are not this portal's."""
-    name, uid = account_name(workspace), account_uid(workspace)
-    existing = _lookup(name, uid)
+    ``BackendError(permanent=True)`` when the uid or the name is taken by an account that is not
+    this installation's: the configured range overlaps accounts that are not the portal's."""
+    block = installation_block()
+    uid = account_uid(workspace)
+    existing = _lookup(uid, block)
     if existing is None:
-        _useradd(name, uid, f"GPU Portal workspace {workspace.name}")
-        existing = _lookup(name, uid)
+        name = uidblocks.account_name(uid)
+        _useradd(name, uid, uidblocks.account_comment(workspace.name, block.installation_id))
+        existing = _lookup(uid, block)
     if existing is None:
-        raise BackendError(f"the Unix account {name} could not be created", permanent=False)
+        raise BackendError(f"the Unix account of uid {uid} could not be created", permanent=False)
     return existing
 
 
-def _lookup(name: str, uid: int) -> RunAs | None:
-    by_name = _getpwnam(name)
+def _lookup(uid: int, block: Block) -> RunAs | None:
+    """The account of ``uid`` where it is this installation's: its comment names the installation,
+    or it is named ``gpw<uid>`` with no installation named (a directory service made it)."""
+    name = uidblocks.account_name(uid)
     by_uid = _getpwuid(uid)
-    if by_name is None and by_uid is None:
+    by_name = _getpwnam(name)
+    if by_uid is None and by_name is None:
         return None
-    if by_name is None or by_uid is None or by_name.pw_uid != uid:
-        taken = by_uid.pw_name if by_uid is not None else name
-        raise BackendError(
-            f"uid {uid} or the name {name} already belongs to another account ({taken}); "
-            "reserve PORTAL_WORKSPACE_UID_MIN..MAX for the portal's workspaces",
-            permanent=True,
-        )
-    return RunAs(user=name, uid=by_name.pw_uid, gid=by_name.pw_gid)
+    if by_uid is not None:
+        owner = uidblocks.comment_installation(by_uid.pw_gecos)
+        if owner == block.installation_id or (owner is None and by_uid.pw_name == name):
+            return RunAs(user=by_uid.pw_name, uid=by_uid.pw_uid, gid=by_uid.pw_gid)
+    taken = by_uid.pw_name if by_uid is not None else name
+    raise BackendError(
+        f"uid {uid} or the name {name} already belongs to an account that is not this installation's "
+        f"({taken}); reserve PORTAL_WORKSPACE_UID_MIN..MAX for the portal's workspaces",
+        permanent=True,
+    )
 
 
 def _getpwnam(name: str) -> Any:
@@ -100,20 +165,12 @@ def _getpwuid(uid: int) -> Any:
 def _useradd(name: str, uid: int, comment: str) -> None:
     """``groupadd`` + ``useradd`` with the same id, no home directory and no login shell. Another
     worker creating the same account at the same moment is fine: the loser finds it made."""
-    commands = [
-        ["groupadd", "--gid", str(uid), name],
+    uidblocks.run_sbin(["groupadd", "--gid", str(uid), name], ok=(0, 4, 9))
+    uidblocks.run_sbin(
         ["useradd", "--uid", str(uid), "--gid", str(uid), "--no-create-home", "--home-dir", "/nonexistent",
          "--shell", "/usr/sbin/nologin", "--comment", comment, name],
-    ]  # fmt: skip
-    for argv in commands:
-        argv = [shutil.which(argv[0], path=SBIN_PATH) or argv[0], *argv[1:]]  # a worker's PATH may lack sbin
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=USERADD_TIMEOUT_S, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BackendError(f"could not run {argv[0]}: {exc}", permanent=False) from exc
-        # 9: the name is already in use (another worker was first); checked by the caller's lookup.
-        if done.returncode not in (0, 4, 9):
-            raise BackendError(f"{argv[0]} {name} failed: {done.stderr.strip()[-500:]}", permanent=False)
+        ok=(0, 4, 9),  # 4: the uid, 9: the name is already in use (another worker was first); the lookup checks it
+    )  # fmt: skip
 
 
 def do_record_unix_account(workspace: Workspace, run_as: RunAs) -> None:

@@ -29,6 +29,7 @@ from django.conf import settings as django_settings
 from apps.jobs.actions import check_submit_job
 from apps.jobs.models import Job
 from apps.workloads import host
+from apps.workspaces.unix import account_uid
 from tests.converge import settle
 from tests.personas import World
 from workers.backends import logcap
@@ -193,11 +194,11 @@ def test_each_workspace_runs_as_its_own_account_in_a_directory_only_it_can_open(
     uid, groups, workspace_dir = host.logs("job", job)[0].decode().split("\n")[:3]
     team_a = scene.world.team_a
     team_a.refresh_from_db()
-    assert int(uid) == team_a.unix_uid == django_settings.PORTAL_WORKSPACE_UID_MIN + team_a.pk
+    assert int(uid) == team_a.unix_uid == account_uid(team_a)
     assert groups.split() == [uid]  # no supplementary group of the portal's
     assert workspace_dir == f"700 {uid}"
     victim_uids = {Path(f"/proc/{pid}").stat().st_uid for pid in sandboxed(scene.targets["signal"]["team-b-job"])}
-    assert victim_uids == {django_settings.PORTAL_WORKSPACE_UID_MIN + scene.world.team_b.pk} != {int(uid)}
+    assert victim_uids == {account_uid(scene.world.team_b)} != {int(uid)}
 
 
 def sandboxed(wrapper_pid: int, timeout_s: float = 15.0) -> list[int]:
@@ -252,5 +253,5 @@ def test_a_process_on_a_sandboxed_instance_reaches_nothing_either(scene: Scene) 
         )  # fmt: skip
     finally:
         host.stop_on_this_machine()
-    assert uid == django_settings.PORTAL_WORKSPACE_UID_MIN + scene.world.team_a.pk
+    assert uid == account_uid(scene.world.team_a)
     assert leaks_in(entered.stdout) == set(), entered.stderr

@@ -31,6 +31,7 @@ from apps.accounts.api_tokens import do_create_token
 from apps.inference.actions import do_delete_endpoint
 from apps.inference.models import Replica
 from apps.inventory.actions import do_register_cluster
+from apps.workspaces.unix import ensure_account
 from tests.conftest import SHARED_ENV_DIR
 from tests.inference.endpoints import cpu_profile, endpoint
 from tests.inference.serving import chat, client, serving, turn_until
@@ -320,7 +321,7 @@ def test_an_endpoint_on_the_slurm_cluster_serves_through_the_portal(
     assert replica.proxy_target.startswith("http://127.0.0.1:"), replica.proxy_target
     job_id = str(replica.backend_state["job_id"])
     assert run("squeue", "-h", "-j", job_id, "-o", "%T %u %a").split() == [
-        "RUNNING", f"gpw{world.team_a.pk}", "team-a",
+        "RUNNING", ensure_account(world.team_a).user, "team-a",
     ]  # fmt: skip
     assert httpx.get(f"{replica.proxy_target}/v1/models", timeout=10).status_code == 401  # the proxy adds the key
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from apps.jobs.models import Job
+from apps.workspaces.unix import account_uid, ensure_account
 from tests.personas import World
 from tests.security.test_hostile_workloads import ATTACK, leaks_in
 from tests.slurm.conftest import Portal, slurm_id
@@ -41,7 +41,7 @@ def test_each_workspace_runs_as_its_own_account_and_cannot_reach_the_others_file
     reader = charlie.submit("reader", probe, workspace="team-b")
     reader = charlie.settle(reader["id"], "SUCCEEDED", "FAILED")
 
-    team_a, team_b = f"gpw{world.team_a.pk}", f"gpw{world.team_b.pk}"
+    team_a, team_b = ensure_account(world.team_a).user, ensure_account(world.team_b).user
     assert portal.logs(writer["id"]).split() == [team_a, "team-a"]
     log = charlie.logs(reader["id"])
     assert "team-a data" not in log
@@ -50,7 +50,7 @@ def test_each_workspace_runs_as_its_own_account_and_cannot_reach_the_others_file
     assert not (team_a_dir / "owned.txt").exists()
     assert (team_a_dir.stat().st_mode & 0o777, team_a_dir.stat().st_uid) == (
         0o700,
-        settings.PORTAL_WORKSPACE_UID_MIN + world.team_a.pk,
+        account_uid(world.team_a),
     )
     for job, user, account in ((writer, team_a, "team-a"), (reader, team_b, "team-b")):
         sacct = subprocess.run(

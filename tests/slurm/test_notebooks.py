@@ -13,6 +13,7 @@ from typing import Any
 from apps.catalog.models import ComputeProfile, NotebookProfile
 from apps.compute.models import Instance, Notebook
 from apps.inventory.actions import do_register_cluster
+from apps.workspaces.unix import ensure_account
 from tests.conftest import SHARED_ENV_DIR
 from tests.personas import PASSWORD, World
 from tests.proxy import Proxy, browser_session, sign_in
@@ -51,7 +52,8 @@ def test_instance_and_notebook_run_as_slurm_jobs(
     server = notebook.backend_state["job_id"]
     assert "RUNNING" in squeue(server)
     users = subprocess.run(["squeue", "-h", "-j", f"{holder},{server}", "-o", "%u %a"], capture_output=True, text=True)
-    assert users.stdout.split("\n")[:2] == [f"gpw{tx_world.team_a.pk} team-a"] * 2  # the workspace's accounts
+    account = ensure_account(tx_world.team_a).user
+    assert users.stdout.split("\n")[:2] == [f"{account} team-a"] * 2  # the workspace's accounts
     # The server imports the portal's identity module from its environment, which the portal alone
     # writes: a copy in the workspace's directory could be replaced by the workspace's code.
     assert not list(shared_work.rglob("portal_identity.py"))
