@@ -9,11 +9,11 @@ its own, so that something slow never holds up something quick:
 - ``celery``, the default: scheduling cycles and starts of jobs on this machine, a fraction of a
   second each. Its worker must never wait on anything that can take seconds.
 - ``provision``: whatever can wait seconds to minutes on something else. A notebook profile's
-  environment build (pip), instance and notebook starts (waiting for the server to answer, for
-  Slurm to run a batch job, for Kubernetes pods), job starts on Slurm and Kubernetes (they return
-  once the job runs), stops (they wait out a workload's grace period), an ended job's
-  artifacts (read and hashed, up to the limits), and an admin's what-if replay (seconds to
-  minutes of simulation).
+  environment build (pip), the shared environments built ahead of any start, instance and notebook
+  starts (waiting for the server to answer, for Slurm to run a batch job, for Kubernetes pods), job
+  starts on Slurm and Kubernetes (they return once the job runs), stops (they wait out a workload's
+  grace period), an ended job's artifacts (read and hashed, up to the limits), and an admin's
+  what-if replay (seconds to minutes of simulation).
 """
 
 from __future__ import annotations
@@ -22,19 +22,33 @@ import time
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
 from celery.utils.log import get_task_logger
 from django.conf import settings
 from django.db import connection
 
 from apps.compute.hosting import build_notebook_environment as build_environment
+from apps.compute.hosting import prebuild_environments as prebuild
 from apps.jobs import artifacts
 from apps.jobs.models import Job
 from apps.monitoring.cycles import timed_cycle
 from apps.scheduling import whatif
+from apps.scheduling.trigger import request_prebuild
 from apps.workloads import host
 from workers.backends.base import BackendError
 
 logger = get_task_logger(__name__)
+
+
+#: The tasks that always go to the ``provision`` queue.
+PROVISIONING = frozenset(
+    {
+        "portal.build_notebook_environment",
+        "portal.prebuild_environments",
+        "portal.collect_artifacts",
+        "portal.whatif_replay",
+    }
+)
 
 
 def route(
@@ -42,7 +56,7 @@ def route(
 ) -> dict[str, str] | None:
     """The queue of a task about to be sent (a Celery router): see the module's docstring. A
     workload's convergence goes to ``provision``, but for the start of a job on this machine."""
-    if name in ("portal.build_notebook_environment", "portal.collect_artifacts", "portal.whatif_replay"):
+    if name in PROVISIONING:
         return {"queue": settings.PROVISION_QUEUE}
     if name == "portal.converge" and len(args) == 2:
         if args[0] == "job":
@@ -104,6 +118,24 @@ def converge(kind: str, pk: int) -> None:
 def build_notebook_environment(notebook_id: int) -> None:
     """Build the Python environment a notebook waits for; its start follows as a task of its own."""
     build_environment(notebook_id)
+
+
+@shared_task(name="portal.prebuild_environments", ignore_result=True)
+def prebuild_environments(profile_ids: list[int] | None = None) -> list[str]:
+    """Build the shared environments before anyone waits for them (apps/compute/hosting.py): when
+    a provisioning worker starts, and when a notebook profile is published."""
+    return prebuild(profile_ids)
+
+
+@worker_ready.connect
+def _prebuild_when_ready(sender: Any = None, **_: Any) -> None:
+    """A worker that takes the ``provision`` queue asks for the shared environments as it starts
+    (a portal's first start, or one after its SDK or profiles changed): the first job or notebook
+    then finds them built, or being built, rather than building them itself."""
+    consumer = getattr(sender, "task_consumer", None)
+    queues = {queue.name for queue in getattr(consumer, "queues", None) or []}
+    if settings.PROVISION_QUEUE in queues and settings.PORTAL_PREBUILD_ENVIRONMENTS:
+        request_prebuild()
 
 
 @shared_task(name="portal.collect_artifacts", ignore_result=True)

@@ -1,9 +1,12 @@
-"""Admins curate compute and notebook profiles; a published profile is visible at once."""
+"""Admins curate compute and notebook profiles; a published profile is visible at once, and a
+published notebook profile's environment is built at once, in the background (a provisioning
+worker's task), so that its first notebook does not wait for it."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple, TypeVar
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models.deletion import ProtectedError
 
@@ -11,8 +14,12 @@ from apps.audit.actions import SYSTEM, Origin, apply_changes, do_log_event
 from apps.audit.events import Event
 from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfile
 from apps.errors import ActionError, Conflict
+from apps.scheduling.trigger import request_prebuild
 
 P = TypeVar("P", ComputeProfile, NotebookProfile)
+
+#: A published notebook profile's environment is built again when one of these changes.
+PREBUILT_BY = frozenset({"published", "python_packages"})
 
 
 class ProfileEvents(NamedTuple):
@@ -63,7 +70,17 @@ def do_save_profile(profile: P, *, acting_user: Any, origin: Origin = SYSTEM, **
         events = EVENTS[type(profile)]
         event = events.create if created else (events.publish if changed.get("published") is True else events.update)
         do_log_event(event, profile, acting_user=acting_user, origin=origin, data=changed)
+        if _to_prebuild(profile, created, changed):
+            request_prebuild([profile.pk])  # its environment is built now, before anyone waits for it
     return profile
+
+
+def _to_prebuild(profile: Any, created: bool, changed: dict[str, Any]) -> bool:
+    """Whether a saved profile's environment is to be built now: a notebook profile just published,
+    or published and given other packages (where the portal builds environments ahead)."""
+    if not isinstance(profile, NotebookProfile) or not profile.published:
+        return False
+    return bool(settings.PORTAL_PREBUILD_ENVIRONMENTS and (created or changed.keys() & PREBUILT_BY))
 
 
 def do_delete_profile(

@@ -27,6 +27,7 @@ from apps.inventory.models import Allocation, Cluster
 from apps.jobs.actions import check_cluster_fits
 from apps.scheduling.limits import check_request_size
 from apps.scheduling.trigger import request_cycle, request_workload
+from apps.workloads import progress
 from apps.workspaces.access import USE, may
 from apps.workspaces.live import notify
 from apps.workspaces.models import Workspace
@@ -291,6 +292,7 @@ def do_start_notebook(notebook: Notebook, *, acting_user: Any, origin: Origin = 
         notebook.state = Notebook.State.PENDING
         notebook.stop_reason = notebook.failure_reason = ""
         notebook.started_at = notebook.stopped_at = notebook.idle_warned_at = None
+        notebook.start_progress = progress.waiting()  # its new start's steps begin now
         notebook.save()
         do_log_event(Event.NOTEBOOK_START, notebook, acting_user=acting_user, origin=origin, workspace=workspace)
         notify(workspace.pk, "notebook", {"id": notebook.pk, "state": notebook.state}, instance_id=instance.pk)

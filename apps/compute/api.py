@@ -22,6 +22,7 @@ from apps.compute.kubeconfig import read_kubeconfig
 from apps.compute.models import Collaborator, Instance, Notebook
 from apps.inventory.models import Cluster
 from apps.names import DNS_LABEL_RE
+from apps.workloads.api import StartProgressMixin
 from apps.workspaces.access import USE, may, restrict
 
 
@@ -85,7 +86,7 @@ class WorkloadStatusMixin(serializers.Serializer):
 ERROR = {"$ref": "#/components/schemas/Error"}
 
 
-class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
+class InstanceSerializer(WorkloadStatusMixin, StartProgressMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
     profile = VisibleProfileField(ComputeProfile)
@@ -102,7 +103,7 @@ class InstanceSerializer(WorkloadStatusMixin, StrictModelSerializer):
             "gpu_type", "gpus_per_replica", "cpu_cores", "memory_gb", "wait_reason", "workspace_queue_position",
             "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster", "created_by", "launched_at",
             "admitted_at",
-            "started_at", "finished_at", "running_for_s",
+            "started_at", "finished_at", "running_for_s", "start_progress",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "stop_reason", "gpu_type", "gpus_per_replica", "cpu_cores",
                             "memory_gb", "admitted_at", "started_at", "finished_at"]  # fmt: skip
@@ -174,7 +175,7 @@ class InstanceRefField(serializers.PrimaryKeyRelatedField):
         return restrict(Instance.objects.all(), self.context["request"].user)
 
 
-class NotebookSerializer(StrictModelSerializer):
+class NotebookSerializer(StartProgressMixin, StrictModelSerializer):
     workspace = serializers.SlugRelatedField(slug_field="name", read_only=True)
     instance = InstanceRefField()
     name = NameField()
@@ -185,7 +186,7 @@ class NotebookSerializer(StrictModelSerializer):
         model = Notebook
         fields = [
             "id", "workspace", "instance", "name", "description", "profile", "state", "failure_reason", "stop_reason",
-            "url", "access_token", "created_at", "started_at", "stopped_at",
+            "url", "access_token", "created_at", "started_at", "stopped_at", "start_progress",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "stop_reason", "url", "started_at", "stopped_at"]
 
@@ -225,7 +226,8 @@ class NotebookViewSet(TenantViewSet):
     ordering_fields = ["created_at", "name", "state"]
 
     def base_queryset(self) -> Any:
-        return Notebook.objects.select_related("workspace", "profile")
+        # Its instance: what a pending notebook's start waits for (start_progress).
+        return Notebook.objects.select_related("workspace", "profile", "instance")
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         data = dict(serializer.validated_data)

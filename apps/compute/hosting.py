@@ -31,12 +31,12 @@ from apps.compute.models import Instance, Notebook
 from apps.inventory.models import Allocation
 from apps.provisioning.models import backend_reservation
 from apps.scheduling.trigger import request_environment_build, request_workload
-from apps.workloads import claims, host
+from apps.workloads import claims, host, progress
 from apps.workloads.host import Kind, Phase
 from apps.workspaces.disks import disk_for
 from apps.workspaces.unix import run_as_for
 from workers.backends.base import Backend, BackendError, Endpoint, InstanceSpec, NotebookSpec, PolicyRefusal
-from workers.backends.pyenv import ensure_env, env_is_built
+from workers.backends.pyenv import ensure_env, ensure_sdk_env, env_is_built
 from workers.backends.registry import backend_for
 
 logger = logging.getLogger(__name__)
@@ -177,10 +177,26 @@ class NotebookKind(Kind):
             writable_dir=instance_dir(instance),  # its instance's files, and nothing else of the workspace
         )
 
+    def start_wait(self, row: Notebook) -> str:
+        """A notebook waits for its instance to run first."""
+        if row.instance.state != Instance.State.RUNNING:
+            return f"waiting for its instance {row.instance.name} to run"
+        return super().start_wait(row)
+
+    def start_waits(self, row: Notebook) -> list[tuple[float, str]]:
+        """Its instance to run (where it started after the notebook was asked for), then a worker."""
+        [(since, worker)] = super().start_waits(row)
+        ran = row.instance.started_at
+        if ran is None or ran.timestamp() <= since:
+            return [(since, worker)]
+        return [(since, f"waiting for its instance {row.instance.name} to run"), (ran.timestamp(), worker)]
+
     def prepare_start(self, row: Notebook, backend: Backend) -> bool:
         with transaction.atomic():
             actions.record_notebook_starting(Notebook.objects.select_for_update().get(pk=row.pk))
         if settings.PORTAL_WORKLOAD_TRIGGER == "task" and _environment_to_build(backend, row):
+            if backend.steps is not None:
+                progress.hand_on(backend.steps, "waiting for a provisioning worker to build the environment")
             request_environment_build(row.pk)  # which asks for the start again once built
             return False
         return True
@@ -254,27 +270,70 @@ def _environment_to_build(backend: Backend, notebook: Notebook) -> bool:
 
 def build_notebook_environment(notebook_id: int) -> Notebook | None:
     """Build the environment a starting notebook needs, claiming the notebook meanwhile (so its
-    start is not asked again), then ask for its start, which finds the environment built."""
+    start is not asked again), then ask for its start, which finds the environment built. The
+    build's steps go on the notebook's start (apps/workloads/progress.py) as it makes them."""
     held = claims.claim(Notebook, notebook_id, NOTEBOOKS.start_states, NOTEBOOKS.claim_timeout_s())
     if held is None:
         return Notebook.objects.filter(pk=notebook_id).first()
     notebook = Notebook.objects.select_related("profile", "instance__cluster").get(pk=notebook_id)
+    steps = progress.begin_start(notebook, waits=NOTEBOOKS.start_waits(notebook))
+    write_steps = progress.Writer(notebook, NOTEBOOKS.name, held.token, steps)
     try:
         environment = _environment(backend_for(notebook.instance.cluster), notebook)
         if environment is not None:
-            ensure_env(*environment)
+            packages, root, python = environment
+            progress.while_writing(lambda: ensure_env(packages, root, python, steps=steps), write_steps)
     except (PolicyRefusal, BackendError) as exc:
         if isinstance(exc, BackendError) and not exc.permanent:
+            progress.hand_on(steps, f"waiting to try the environment build again: {exc}")
+            write_steps()
             claims.release(Notebook, notebook_id, held.token)
             raise
+        steps.finish()
         with transaction.atomic():
             notebook = Notebook.objects.select_for_update().select_related("workspace").get(pk=notebook_id)
             if claims.holds(notebook, held.token):
+                notebook.start_progress = steps.snapshot()
                 actions.record_notebook_end(notebook, Notebook.State.FAILED, str(exc))
         return notebook
+    progress.hand_on(steps, "waiting for a worker to start the Jupyter server")
+    write_steps()
     claims.release(Notebook, notebook_id, held.token)
     request_workload("notebook", notebook_id)
     return notebook
+
+
+def prebuild_environments(profile_ids: list[int] | None = None) -> list[str]:
+    """Build the shared environments ahead of any start, so that no one waits for them: the SDK's
+    (jobs and instances) and those of the published notebook profiles (``profile_ids``: only
+    these), for every enabled cluster whose workers build them here. Each build is skipped where
+    it is done already, and waited for where another process makes it. Returns what it built or
+    found, as directory names; a profile whose packages cannot be built is logged and skipped."""
+    from apps.catalog.models import NotebookProfile
+    from apps.inventory.models import Cluster
+
+    roots: dict[tuple[str, str], None] = {}
+    for cluster in Cluster.objects.filter(enabled=True, kind__in=["local", "slurm"]).order_by("pk"):
+        backend = backend_for(cluster)
+        root = getattr(backend, "env_root", "")
+        if root:
+            roots[(root, getattr(backend, "python", sys.executable))] = None
+    profiles = NotebookProfile.objects.filter(published=True).order_by("pk")
+    if profile_ids is not None:
+        profiles = profiles.filter(pk__in=profile_ids)
+    wanted: list[list[str] | None] = [None] if profile_ids is None else []  # None: the SDK's
+    wanted += [list(profile.python_packages) for profile in profiles]
+    done: list[str] = []
+    for root, python in roots:
+        for packages in wanted:
+            try:
+                if packages is None:
+                    done.append(ensure_sdk_env(Path(root), python, by="the portal").name)
+                else:
+                    done.append(ensure_env(packages, Path(root), python, by="the portal").name)
+            except (PolicyRefusal, BackendError):
+                logger.warning("could not build an environment ahead of its starts", exc_info=True)
+    return done
 
 
 def sync_routes() -> tuple[int, int]:

@@ -20,6 +20,7 @@ from apps.jobs import actions
 from apps.jobs.hosting import artifact_file
 from apps.jobs.models import Artifact, Job, JobAttempt
 from apps.workloads import host
+from apps.workloads.api import StartProgressMixin
 
 
 class JobAttemptSerializer(StrictModelSerializer):
@@ -43,7 +44,7 @@ class ArtifactQuerySerializer(serializers.Serializer):
     path = serializers.CharField(max_length=1000)
 
 
-class JobSerializer(WorkloadStatusMixin, StrictModelSerializer):
+class JobSerializer(WorkloadStatusMixin, StartProgressMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
     env = EnvField(required=False)
@@ -66,7 +67,7 @@ class JobSerializer(WorkloadStatusMixin, StrictModelSerializer):
             "artifact_paths", "state", "failure_reason", "exit_code", "attempts", "progress", "wait_reason",
             "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster", "requested_cluster",
             "created_by", "created_at", "admitted_at", "started_at", "finished_at", "attempt_history", "artifacts",
-            "artifacts_note",
+            "artifacts_note", "start_progress",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "exit_code", "attempts", "progress", "admitted_at",
                             "started_at", "finished_at", "artifacts_note"]  # fmt: skip

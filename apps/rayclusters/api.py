@@ -22,6 +22,7 @@ from apps.jobs.models import Artifact
 from apps.rayclusters import actions
 from apps.rayclusters.models import RayCluster
 from apps.workloads import host
+from apps.workloads.api import StartProgressMixin
 
 # What a profile gives a role: its GPUs, CPU cores and memory (and the cluster's GPU type).
 _SIZES = {"gpus": "gpu_count", "cpu_cores": "cpu_cores", "memory_gb": "memory_gb"}
@@ -32,7 +33,7 @@ class ProfileNameField(VisibleProfileField):
     """A compute profile, by name, that sizes a role (written only: the sizes are read back)."""
 
 
-class RayClusterSerializer(WorkloadStatusMixin, StrictModelSerializer):
+class RayClusterSerializer(WorkloadStatusMixin, StartProgressMixin, StrictModelSerializer):
     workspace = WorkspaceField()
     name = NameField()
     env = EnvField(required=False)
@@ -59,6 +60,7 @@ class RayClusterSerializer(WorkloadStatusMixin, StrictModelSerializer):
             "preemptible", "state", "failure_reason", "exit_code", "attempts", "nodes", "dashboard_url",
             "wait_reason", "workspace_queue_position", "cluster_queue_position", "estimated_start_at", "cluster",
             "requested_cluster", "created_by", "created_at", "admitted_at", "started_at", "finished_at", "artifacts",
+            "start_progress",
         ]  # fmt: skip
         read_only_fields = ["state", "failure_reason", "exit_code", "attempts", "nodes", "admitted_at",
                             "started_at", "finished_at"]  # fmt: skip

@@ -28,6 +28,7 @@ SCHEDULE_CYCLE = "portal.schedule_cycle"
 CONVERGE = "portal.converge"
 BUILD_NOTEBOOK_ENVIRONMENT = "portal.build_notebook_environment"
 COLLECT_ARTIFACTS = "portal.collect_artifacts"
+PREBUILD_ENVIRONMENTS = "portal.prebuild_environments"
 
 
 def request_cycle() -> None:
@@ -46,6 +47,12 @@ def request_environment_build(notebook_id: int) -> None:
     """Once committed, have a worker build a starting notebook's environment (a task of its own,
     on the provision queue, which asks for the notebook's start again once built)."""
     _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, BUILD_NOTEBOOK_ENVIRONMENT, lambda: (notebook_id,))
+
+
+def request_prebuild(profile_ids: list[int] | None = None) -> None:
+    """Once committed, have a provisioning worker build the shared environments ahead of any start
+    (the SDK's and the published notebook profiles'; ``profile_ids``: only these profiles')."""
+    _on_commit(settings.PORTAL_WORKLOAD_TRIGGER, PREBUILD_ENVIRONMENTS, lambda: (profile_ids,))
 
 
 def request_artifacts(job_id: int) -> None:

@@ -186,6 +186,7 @@ STATUS = generic.Panel(
     title="Status",
     live=True,
     shows_state=True,
+    lead='{% include "web/_start_progress.html" %}',
     facts=(
         generic.Fact("Size", "{{ obj.profile.display_name|default:obj.profile.name }} · {{ obj.profile|size }}"),
         generic.Fact("Launched", '<time datetime="{{ obj.launched_at|date:\'c\' }}">'

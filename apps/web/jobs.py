@@ -214,7 +214,8 @@ STATUS = generic.Panel(
     title="Status",
     live=True,
     shows_state=True,
-    lead='{% if obj.progress is not None %}<div class="field"><label for="job-progress">Progress: '
+    lead='{% include "web/_start_progress.html" %}'
+    '{% if obj.progress is not None %}<div class="field"><label for="job-progress">Progress: '
     "{{ obj.progress|percent }}%</label>"
     '<progress id="job-progress" max="100" value="{{ obj.progress|percent }}">{{ obj.progress|percent }}%</progress>'
     "</div>{% endif %}",

@@ -156,8 +156,8 @@ def may_start_on(request: HttpRequest, workspace: Workspace, instances: QuerySet
 STATUS_LEAD = (
     '{% if obj.state == "READY" %}<p><a class="btn btn-primary" id="open-notebook" href="{{ obj.url }}" '
     'target="_blank" rel="noopener">Open Jupyter <span class="visually-hidden">(new tab)</span></a></p>'
-    '{% elif obj.state == "PENDING" or obj.state == "STARTING" %}'
-    '<p class="muted">Deploying: this page updates by itself when Jupyter is ready.</p>'
+    '{% elif obj.state == "PENDING" and obj.instance.state != "RUNNING" %}'
+    '<p class="muted">Waiting for its instance to run: this page updates by itself when Jupyter is ready.</p>'
     '{% elif obj.state == "STOPPED" %}{% if obj.stop_reason %}<p class="notice" data-stop-reason>Stopped by the '
     "portal, {{ obj.stop_reason }}. Its files are where they were.</p>{% endif %}"
     "{% if may_use and starts_again %}"
@@ -169,7 +169,7 @@ STATUS = generic.Panel(
     title="Status",
     live=True,
     shows_state=True,
-    lead=STATUS_LEAD,
+    lead=STATUS_LEAD + '{% include "web/_start_progress.html" %}',
     facts=(
         generic.Fact("Environment", "{{ obj.profile.display_name|default:obj.profile.name }}"),
         generic.Fact("Instance", '<a href="{% url \'web:instance\' workspace.name obj.instance_id %}">'

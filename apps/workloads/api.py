@@ -8,13 +8,15 @@ What a user sees here is what each kind's own list shows them (apps/workloads/li
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import django_filters
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, viewsets
 from rest_framework.exceptions import ValidationError
 
-from apps.workloads import listing
+from apps.workloads import host, listing, progress
 from apps.workloads.kinds import KINDS
 from apps.workloads.models import PodSet, Workload
 
@@ -31,7 +33,54 @@ class PodSetSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class WorkloadSerializer(serializers.ModelSerializer):
+class StartStepSerializer(serializers.Serializer):
+    """One step of a workload's start, as it happened (apps/workloads/progress.py)."""
+
+    step = serializers.CharField(help_text="queued, environment, starting or answering")
+    detail = serializers.CharField(help_text="What it does, in words.")
+    started_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it runs")
+    expected_s = serializers.FloatField(
+        allow_null=True, help_text="How long it usually takes, from earlier runs (an environment build's median)."
+    )
+    packages = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="What an environment build installs."
+    )
+
+
+def start_steps(row: Workload) -> list[dict[str, Any]]:
+    """The steps of the workload's start, for the API and the pages, with times as datetimes."""
+    kind = host.KINDS.get(row.kind)
+    if kind is None:
+        steps = list(row.start_progress or [])
+    else:
+        steps = progress.steps_of(row, kind.start_states, lambda: kind.start_wait(listing.detail(row)))
+    return [
+        {
+            **step,
+            "started_at": _when(step.get("started_at")),
+            "ended_at": _when(step.get("ended_at")),
+        }
+        for step in steps
+    ]
+
+
+def _when(stamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(float(stamp), tz=UTC) if stamp is not None else None
+
+
+class StartProgressMixin(serializers.Serializer):
+    """``start_progress``: what the workload's start did, step by step, with times; while it waits
+    for a worker, that wait (JupyterHub's spawner progress)."""
+
+    start_progress = serializers.SerializerMethodField()
+
+    @extend_schema_field(StartStepSerializer(many=True))
+    def get_start_progress(self, row: Workload) -> list[dict[str, Any]]:
+        return StartStepSerializer(start_steps(row), many=True).data  # type: ignore[no-any-return]
+
+
+class WorkloadSerializer(StartProgressMixin, serializers.ModelSerializer):
     workspace = serializers.SlugRelatedField(slug_field="name", read_only=True)
     kind = serializers.CharField(read_only=True, help_text="job, instance, notebook, raycluster, ...")
     podsets = PodSetSerializer(many=True, read_only=True)
@@ -47,7 +96,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "id", "kind", "workspace", "name", "state", "priority", "preemptible", "podsets", "exit_code",
             "failure_reason", "wait_reason", "workspace_queue_position", "cluster_queue_position",
             "estimated_start_at", "cluster", "requested_cluster", "created_by", "created_at", "admitted_at",
-            "started_at", "finished_at",
+            "started_at", "finished_at", "start_progress",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -25,6 +25,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,9 @@ from django.db import models, transaction
 from workers.backends.base import Backend, BackendError, Endpoint, Spec
 
 logger = logging.getLogger(__name__)
+
+#: How often ``start_within`` calls its ``on_wait`` while a start runs (seconds).
+WAIT_TICK_S = 0.5
 
 
 class Claimable(Protocol):
@@ -92,12 +96,13 @@ def release(model: type[models.Model], pk: int, token: str) -> None:
             row.save(update_fields=["start_claim"])
 
 
-def start_within(backend: Backend, spec: Spec, timeout_s: float) -> Endpoint:
+def start_within(backend: Backend, spec: Spec, timeout_s: float, on_wait: Callable[[], None] | None = None) -> Endpoint:
     """`backend.start(spec)`, raising StartTimedOut if it has not returned after `timeout_s`.
 
     The start runs in a thread of its own; one that overruns is left to finish, its result
     ignored: the caller stops the workload (``stop_and_clear``) and the orphan sweep stops whatever
-    the late start still makes.
+    the late start still makes. ``on_wait`` is called in the caller's thread every
+    ``WAIT_TICK_S`` while it waits (to write the steps the start reports, apps/workloads/progress.py).
     """
     outcome: dict[str, Any] = {}
 
@@ -109,7 +114,11 @@ def start_within(backend: Backend, spec: Spec, timeout_s: float) -> Endpoint:
 
     thread = threading.Thread(target=run, name=f"start-{spec.key}", daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(WAIT_TICK_S, max(0.0, deadline - time.monotonic())) if on_wait else timeout_s)
+        if on_wait is not None:
+            on_wait()
     if thread.is_alive():
         raise StartTimedOut(f"it did not start within {timeout_s:.0f} s")
     if "error" in outcome:

@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from apps.scheduling.backoff import RECONCILE
 from apps.scheduling.trigger import request_workload
-from apps.workloads import claims
+from apps.workloads import claims, progress
 from workers.backends.base import Backend, BackendError, Endpoint, Keep, PolicyRefusal, Progress, Spec, Status
 from workers.backends.registry import backend_for
 
@@ -122,6 +122,15 @@ class Kind:
 
     def grace_s(self, row: Any) -> float:
         return STOP_GRACE_S
+
+    def start_wait(self, row: Any) -> str:
+        """What it waits for before its start is taken up, in words (shown while nothing else is)."""
+        return progress.WAITING
+
+    def start_waits(self, row: Any) -> list[tuple[float, str]]:
+        """What its start waited for before it was taken up, in order: (since when, what). Default:
+        a worker, since its admission."""
+        return [(progress.waiting_since(row).timestamp(), progress.WAITING)]
 
     # -- hooks around a start
     def prepare_start(self, row: Any, backend: Backend) -> bool:
@@ -247,29 +256,38 @@ def start(kind: Kind, pk: int, *, states: tuple[str, ...] | None = None) -> Any 
         return kind.model.objects.filter(pk=pk).first()  # not to start, or being started
     row = kind.load(pk)
     backend = backend_for(kind.cluster(row))
+    # What this start does, step by step, written onto the row as it happens (progress.py).
+    steps = backend.steps = progress.begin_start(row, restart=states != kind.start_states, waits=kind.start_waits(row))
+    write_steps = progress.Writer(row, kind.name, held.token, steps)
     if not kind.prepare_start(row, backend):
+        write_steps()  # it handed its start on, saying to what
         claims.release(kind.model, pk, held.token)
         return row
     spec = kind.spec(row)
     try:
         endpoint = (held.took_over and backend.adopt(spec)) or claims.start_within(
-            backend, spec, kind.start_timeout_s()
+            backend, spec, kind.start_timeout_s(), on_wait=write_steps
         )
         kind.connect(row, endpoint)
     except (PolicyRefusal, BackendError, claims.StartTimedOut, *kind.start_errors) as exc:
         claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)
         timed_out = isinstance(exc, claims.StartTimedOut)
         if not timed_out and not isinstance(exc, PolicyRefusal) and not getattr(exc, "permanent", False):
+            progress.hand_on(steps, f"waiting to try again: {exc}")
+            write_steps()
             claims.release(kind.model, pk, held.token)
             raise
         reason = str(exc) if isinstance(exc, PolicyRefusal | claims.StartTimedOut) else f"could not start: {exc}"
+        steps.finish()
         with transaction.atomic():
             row = _locked(kind, pk)
             if claims.holds(row, held.token) and row.state in states:
                 row.start_claim = None
+                row.start_progress = steps.snapshot()
                 kind.record_start_failure(row, reason, timed_out=timed_out)
         return row
     started = backend.get_state()
+    steps.finish()
     with transaction.atomic():
         row = _locked(kind, pk)
         abandoned = not claims.holds(row, held.token) or row.state not in states
@@ -282,6 +300,7 @@ def start(kind: Kind, pk: int, *, states: tuple[str, ...] | None = None) -> Any 
             row.start_claim = None
             row.backend_state = started
             row.backend_stopped = False
+            row.start_progress = steps.snapshot()
             kind.record_start(row, endpoint, restarted=states != kind.start_states)  # again in place
     if abandoned:  # what this start made is stopped, the row's lock released
         claims.stop_and_clear(backend, kind.key(pk), STOP_GRACE_S)

@@ -88,9 +88,15 @@ def detail_link(info: KindInfo) -> str:
 
 
 def with_details(queryset: QuerySet[Workload]) -> QuerySet[Workload]:
-    """The rows with their workspace, cluster and each one's detail row, in the same query."""
+    """The rows with their workspace, cluster and each one's detail row, in the same query; and
+    the instance a detail row runs on (a notebook's), which its start's progress names."""
     links = [detail_link(info) for info in KINDS.values()]
-    return queryset.select_related("workspace", "cluster", *links)
+    hosts = [f"{detail_link(info)}__instance" for info in KINDS.values() if _runs_on_instance(info.model)]
+    return queryset.select_related("workspace", "cluster", *links, *hosts)
+
+
+def _runs_on_instance(model: type[Any]) -> bool:
+    return any(field.name == "instance" and field.is_relation for field in model._meta.fields)
 
 
 def with_gpus(queryset: QuerySet[Workload]) -> QuerySet[Workload]:

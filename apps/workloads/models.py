@@ -130,6 +130,9 @@ class Workload(models.Model):
     restarts = models.PositiveIntegerField(default=0)
     # Its backend stopped it and what it left was recorded; its state is kept to read logs from.
     backend_stopped = models.BooleanField(default=False)
+    # What its last start did, step by step, as it happened (apps/workloads/progress.py): a list of
+    # {step, detail, started_at, ended_at, expected_s}, written by the code that does each step.
+    start_progress = models.JSONField(default=list, db_default=[], blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

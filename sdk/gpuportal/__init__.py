@@ -44,6 +44,7 @@ from gpuportal.models import (  # noqa: E402
     Notebook,
     NotebookProfile,
     QueueInfo,
+    StartStep,
     User,
     Workspace,
 )
@@ -59,6 +60,6 @@ __all__ = [
     "EndpointReplica", "EndpointSample", "GPR", "GPREstimate", "GPREvent", "GPUPortalError", "InferenceProfile",
     "Instance", "Job", "JobSpec", "LimitExceeded", "LogChunk", "Notebook", "NotebookProfile", "NotFound",
     "PermissionDenied", "PortalUnreachable", "QueueInfo", "RayCluster", "RayClusterSpec", "RayJob", "RayNode",
-    "ReplicaLog", "Reservation", "ScaleEvent", "ServerError", "SpecError", "User", "ValidationError", "WaitTimeout",
-    "Workload", "WorkloadFailed", "Workspace", "__version__",
+    "ReplicaLog", "Reservation", "ScaleEvent", "ServerError", "SpecError", "StartStep", "User", "ValidationError",
+    "WaitTimeout", "Workload", "WorkloadFailed", "Workspace", "__version__",
 ]  # fmt: skip

@@ -20,6 +20,7 @@ from gpuportal.errors import (
     APIError,
     AuthenticationError,
     ConfigError,
+    NotFound,
     PortalUnreachable,
     ValidationError,
     WaitTimeout,
@@ -240,6 +241,76 @@ class Client:
             if deadline is not None and time.monotonic() + poll_s > deadline:
                 raise WaitTimeout(f"What-if replay {replay_id} is still {replay['state'].lower()}.", replay)
             time.sleep(poll_s)
+
+    # -- Admin: node maintenance ----------------------------------------------------------------
+
+    def node(self, cluster: str, name: str) -> dict[str, Any]:
+        """The node `name` of `cluster`, with its maintenance (``""``, ``cordoned``, ``draining``,
+        ``drained``); `NotFound` if there is none."""
+        for node in self.paginate("nodes/", {"pool__cluster__name": cluster}):
+            if node["name"] == name:
+                return dict(node)
+        raise NotFound(f"No node {name} in cluster {cluster}.", status=404, code="not_found")
+
+    def cordon_node(self, cluster: str, name: str, *, reason: str = "") -> dict[str, Any]:
+        """Place no new work on the node (platform admins only); what runs there goes on."""
+        node = self.node(cluster, name)
+        answer: dict[str, Any] = self.request("POST", f"nodes/{node['id']}/cordon/", json={"reason": reason})
+        return answer
+
+    def drain_node(self, cluster: str, name: str, *, reason: str = "", grace_s: int | None = None) -> dict[str, Any]:
+        """Cordon the node and move its work off (platform admins only): preemptible work is given
+        `grace_s` (default: the portal's preemption grace) and requeued, the rest waited out."""
+        node = self.node(cluster, name)
+        body: dict[str, Any] = {"reason": reason, **({"grace_s": grace_s} if grace_s is not None else {})}
+        answer: dict[str, Any] = self.request("POST", f"nodes/{node['id']}/drain/", json=body)
+        return answer
+
+    def uncordon_node(self, cluster: str, name: str) -> dict[str, Any]:
+        """Bring the node back into service (platform admins only)."""
+        node = self.node(cluster, name)
+        answer: dict[str, Any] = self.request("POST", f"nodes/{node['id']}/uncordon/")
+        return answer
+
+    def maintenance_windows(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        """The maintenance windows (platform admins only), soonest first."""
+        params = {"cluster__name": cluster} if cluster else None
+        return list(self.paginate("maintenance-windows/", params))
+
+    def announce_maintenance(
+        self, cluster: str, *, start_at: str, end_at: str, reason: str, nodes: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Announce a maintenance window (platform admins only): `nodes` of `cluster` (none: all of
+        them) drained from `start_at` to `end_at` (ISO 8601); the users whose work it affects are
+        mailed. A refused field raises `ValidationError` naming it."""
+        body = {"cluster": cluster, "start_at": start_at, "end_at": end_at, "reason": reason, "nodes": nodes or []}
+        answer: dict[str, Any] = self.request("POST", "maintenance-windows/", json=body)
+        return answer
+
+    def withdraw_maintenance(self, window_id: int) -> None:
+        """Withdraw a maintenance window; one under way ends at once (its nodes come back)."""
+        self.request("DELETE", f"maintenance-windows/{int(window_id)}/")
+
+    # -- Admin: the platform as manifests --------------------------------------------------------
+
+    def apply_manifests(
+        self, documents: list[dict[str, Any]], *, dry_run: bool = False, prune: bool = False
+    ) -> dict[str, Any]:
+        """Apply manifest documents in one transaction (platform admins only; docs/manifests.md).
+        Each item is ``{"source": file, "index": position from 1, "manifest": document}``. Returns
+        the plan: ``documents`` (each ``created``, ``changed``, ``unchanged`` or ``deleted``, with
+        its field-level ``changes``), ``summary`` and ``applied``; ``dry_run`` writes nothing;
+        ``prune`` also deletes what the documents' kinds have that no document names. If any
+        document is refused, nothing is applied and `ValidationError` is raised: its message names
+        the file, document and field, and ``fields["documents"]`` lists every refusal."""
+        body = {"documents": documents, "dry_run": dry_run, "prune": prune}
+        answer: dict[str, Any] = self.request("POST", "admin/manifests/", json=body)
+        return answer
+
+    def export_manifests(self) -> list[dict[str, Any]]:
+        """Today's platform as manifest documents (platform admins only), in the order they apply."""
+        answer: dict[str, Any] = self.request("GET", "admin/manifests/")
+        return list(answer["items"])
 
     # -- HTTP ------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="Model")
 R = TypeVar("R", bound="_Refreshable")
+W = TypeVar("W")
 
 STATE_COLOURS = {
     "QUEUED": "#b26b00", "ADMITTED": "#0b62a4", "PROVISIONING": "#0b62a4", "PENDING": "#b26b00",
@@ -43,6 +44,16 @@ def parse_time(value: Any) -> datetime | None:
 
 def fmt_gpus(value: Decimal) -> str:
     return f"{value.normalize():f}"
+
+
+def gpus_of(count: Decimal, gpu_type: str) -> str:
+    """How many GPUs of which type, as the portal's pages and API write it: ``1 × H100``."""
+    return f"{fmt_gpus(count)} × {(gpu_type or 'GPU').upper()}"
+
+
+def on_replicas(per_replica: str, replicas: int) -> str:
+    """``1 × H100``, or ``1 × H100 on each of 2 replicas`` (the pages' words)."""
+    return per_replica if replicas == 1 else f"{per_replica} on each of {replicas} replicas"
 
 
 def fmt_duration(delta: timedelta) -> str:
@@ -332,10 +343,98 @@ def _queue(data: dict[str, Any]) -> QueueInfo:
     )
 
 
+STEP_LABELS = {
+    "queued": "waiting for a worker",
+    "environment": "environment",
+    "starting": "starting",
+    "answering": "waiting for an answer",
+}
+
+
+@dataclass(frozen=True)
+class StartStep:
+    """One step of a workload's start, as the portal recorded it when it happened: ``step``
+    (``queued``, ``environment``, ``starting``, ``answering``), ``detail`` in words, when it began
+    and ended (``ended_at`` None while it runs), how long it usually takes (``expected_s``, from
+    earlier runs; None where there are none) and, for an environment build, the ``packages``."""
+
+    step: str
+    detail: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    expected_s: float | None = None
+    packages: tuple[str, ...] = ()
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> StartStep:
+        expected = data.get("expected_s")
+        return cls(
+            step=str(data.get("step") or ""),
+            detail=str(data.get("detail") or ""),
+            started_at=parse_time(data.get("started_at")),
+            ended_at=parse_time(data.get("ended_at")),
+            expected_s=None if expected is None else float(expected),
+            packages=tuple(data.get("packages") or ()),
+        )
+
+    @property
+    def took(self) -> timedelta | None:
+        """How long it took, once it ended."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+    def line(self) -> str:
+        """``22:01:02 environment: building the Python environment (...): usually 40 s``."""
+        when = self.started_at.astimezone().strftime("%H:%M:%S") if self.started_at else "--:--:--"
+        return f"{when} {STEP_LABELS.get(self.step, self.step)}: {self.detail}"
+
+
+def start_steps(data: dict[str, Any]) -> list[StartStep]:
+    """The ``start_progress`` of an API answer, as steps."""
+    return [StartStep.from_api(step) for step in data.get("start_progress") or [] if isinstance(step, dict)]
+
+
+class StepFollower:
+    """Calls ``on_step`` once with each new step of a workload's start, as successive answers
+    about the workload show them (pass it as a wait's ``on_update``, or call it yourself); a new
+    start of the same workload (its first step begun at another time) is followed from its first
+    step. ``then``: another ``on_update`` called after it with every answer."""
+
+    def __init__(self, on_step: Callable[[StartStep], None], then: Callable[[Any], None] | None = None) -> None:
+        self.on_step, self.then = on_step, then
+        self.seen: list[tuple[str, datetime | None]] = []
+
+    def __call__(self, obj: Any) -> None:
+        steps = start_steps(getattr(obj, "data", {}) or {})
+        keys = [(step.step, step.started_at) for step in steps]
+        if keys[:1] != self.seen[:1]:
+            self.seen = []  # another start
+        for step, key in zip(steps, keys, strict=True):
+            if key not in self.seen:
+                self.seen.append(key)
+                self.on_step(step)
+        if self.then is not None:
+            self.then(obj)
+
+
+def following_steps(
+    on_update: Callable[[W], None] | None, on_step: Callable[[StartStep], None] | None
+) -> Callable[[W], None] | None:
+    """``on_update`` with ``on_step`` called first for each new start step (either may be None)."""
+    return on_update if on_step is None else StepFollower(on_step, on_update)
+
+
 class _Refreshable(Model):
     """Objects with an id that can be fetched again; ``refresh()`` updates them in place."""
 
     id: int
+
+    @property
+    def start_progress(self) -> list[StartStep]:
+        """What its last start did, step by step, with times (empty before any start): waiting for
+        a worker, building the environment, starting, waiting for it to answer."""
+        return start_steps(self.data)
 
     @abstractmethod
     def _fetch(self) -> _Refreshable:
@@ -412,9 +511,17 @@ class Instance(_Refreshable):
     def _fetch(self) -> Instance:
         return self._bound().instances.get(self.id)
 
-    def wait_ready(self, timeout: float | None = None, on_update: Callable[[Instance], None] | None = None) -> Instance:
-        """Wait until the instance is RUNNING; ``WorkloadFailed`` if it fails or is deleted instead."""
-        self._update_from(lambda: self._bound().instances.wait_ready(self.id, timeout=timeout, on_update=on_update))
+    def wait_ready(
+        self,
+        timeout: float | None = None,
+        on_update: Callable[[Instance], None] | None = None,
+        *,
+        on_step: Callable[[StartStep], None] | None = None,
+    ) -> Instance:
+        """Wait until the instance is RUNNING; ``WorkloadFailed`` if it fails or is deleted instead.
+        ``on_step`` (``print``, say) is called with each step of its start as it begins."""
+        instances = self._bound().instances
+        self._update_from(lambda: instances.wait_ready(self.id, timeout=timeout, on_update=on_update, on_step=on_step))
         return self
 
     def delete(self) -> None:
@@ -494,9 +601,17 @@ class Notebook(_Refreshable):
     def _fetch(self) -> Notebook:
         return self._bound().notebooks.get(self.id)
 
-    def wait_ready(self, timeout: float | None = None, on_update: Callable[[Notebook], None] | None = None) -> Notebook:
-        """Wait until the notebook is READY (its ``url`` then opens it)."""
-        self._update_from(lambda: self._bound().notebooks.wait_ready(self.id, timeout=timeout, on_update=on_update))
+    def wait_ready(
+        self,
+        timeout: float | None = None,
+        on_update: Callable[[Notebook], None] | None = None,
+        *,
+        on_step: Callable[[StartStep], None] | None = None,
+    ) -> Notebook:
+        """Wait until the notebook is READY (its ``url`` then opens it). ``on_step`` (``print``,
+        say) is called with each step of its start as it begins."""
+        notebooks = self._bound().notebooks
+        self._update_from(lambda: notebooks.wait_ready(self.id, timeout=timeout, on_update=on_update, on_step=on_step))
         return self
 
     def delete(self) -> None:
@@ -642,21 +757,27 @@ class Job(_Refreshable):
 
     @property
     def gpus(self) -> str:
-        """``2 x 4 h100``: replicas x GPUs per replica and type; empty without GPUs."""
+        """``4 × H100 on each of 2 replicas``: GPUs per replica and type; empty without GPUs."""
         if not self.gpus_per_replica:
             return ""
-        per = f"{fmt_gpus(self.gpus_per_replica)} {self.gpu_type}".strip()
-        return per if self.replicas == 1 else f"{self.replicas} x {per}"
+        return on_replicas(gpus_of(self.gpus_per_replica, self.gpu_type), self.replicas)
 
     def _fetch(self) -> Job:
         return self._bound().jobs.get(self.id)
 
     def wait(
-        self, timeout: float | None = None, *, check: bool = False, on_update: Callable[[Job], None] | None = None
+        self,
+        timeout: float | None = None,
+        *,
+        check: bool = False,
+        on_update: Callable[[Job], None] | None = None,
+        on_step: Callable[[StartStep], None] | None = None,
     ) -> Job:
         """Wait for the job to end and return it (updated in place). ``check=True`` raises
-        ``WorkloadFailed`` unless it succeeded; ``WaitTimeout`` after `timeout` seconds."""
-        self._update_from(lambda: self._bound().jobs.wait(self.id, timeout=timeout, on_update=on_update))
+        ``WorkloadFailed`` unless it succeeded; ``WaitTimeout`` after `timeout` seconds.
+        ``on_step`` (``print``, say) is called with each step of its start as it begins."""
+        jobs = self._bound().jobs
+        self._update_from(lambda: jobs.wait(self.id, timeout=timeout, on_update=on_update, on_step=on_step))
         if check:
             check_succeeded(self)
         return self

@@ -33,7 +33,7 @@ from gpuportal.models import (
     _waiting,
     fmt_duration,
     fmt_estimate,
-    fmt_gpus,
+    gpus_of,
     parse_time,
 )
 from gpuportal.rayspec import API_TO_SPEC, RayClusterSpec
@@ -224,7 +224,7 @@ class RayCluster(_Refreshable):
         if not self.workers:
             return "none"
         size = _node_size(self.worker_gpus, self.gpu_type, self.worker_cpu_cores, self.worker_memory_gb)
-        return f"{self.workers} x {size}"
+        return f"{self.workers} × ({size})"
 
     def _fetch(self) -> RayCluster:
         return self._bound().ray_clusters.get(self.id)
@@ -316,7 +316,7 @@ class RayCluster(_Refreshable):
 
 
 def _node_size(gpus: Decimal, gpu_type: str, cpus: int, memory_gb: int) -> str:
-    gpu = f"{fmt_gpus(gpus)} {gpu_type}".strip() if gpus else "no GPU"
+    gpu = gpus_of(gpus, gpu_type) if gpus else "no GPU"
     return f"{gpu}, {cpus} CPU, {memory_gb} GB"
 
 

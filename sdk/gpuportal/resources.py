@@ -32,8 +32,10 @@ from gpuportal.models import (
     Notebook,
     NotebookProfile,
     ResultList,
+    StartStep,
     Workspace,
     check_succeeded,
+    following_steps,
 )
 from gpuportal.spec import JobSpec
 
@@ -172,15 +174,21 @@ class Instances(Resource):
         return Instance.from_api(self._client.request("POST", "instances/", json=body), self._client)
 
     def wait_ready(
-        self, instance_id: int, timeout: float | None = None, on_update: Callable[[Instance], None] | None = None
+        self,
+        instance_id: int,
+        timeout: float | None = None,
+        on_update: Callable[[Instance], None] | None = None,
+        *,
+        on_step: Callable[[StartStep], None] | None = None,
     ) -> Instance:
-        """Wait until the instance is RUNNING; ``WorkloadFailed`` if it fails or is deleted first."""
+        """Wait until the instance is RUNNING; ``WorkloadFailed`` if it fails or is deleted first.
+        ``on_step`` is called with each step of its start as it begins (``StartStep``)."""
         instance = poll(
             lambda: self.get(instance_id),
             lambda i: i.state in Instance.READY_STATES + Instance.DEAD_STATES,
             timeout=timeout,
             describe=lambda i: f"Instance {i.id} is still {i.state}",
-            on_update=on_update,
+            on_update=following_steps(on_update, on_step),
         )
         if not instance.is_ready:
             reason = f": {instance.failure_reason}" if instance.failure_reason else ""
@@ -211,15 +219,22 @@ class Notebooks(Resource):
         return Notebook.from_api(self._client.request("POST", "notebooks/", json=body), self._client)
 
     def wait_ready(
-        self, notebook_id: int, timeout: float | None = None, on_update: Callable[[Notebook], None] | None = None
+        self,
+        notebook_id: int,
+        timeout: float | None = None,
+        on_update: Callable[[Notebook], None] | None = None,
+        *,
+        on_step: Callable[[StartStep], None] | None = None,
     ) -> Notebook:
-        """Wait until the notebook is READY; ``WorkloadFailed`` if it fails or stops first."""
+        """Wait until the notebook is READY; ``WorkloadFailed`` if it fails or stops first.
+        ``on_step`` is called with each step of its start as it begins (``StartStep``): waiting for
+        its instance or a worker, building its environment, starting Jupyter, waiting for it to answer."""
         notebook = poll(
             lambda: self.get(notebook_id),
             lambda n: n.state in Notebook.READY_STATES + Notebook.DEAD_STATES,
             timeout=timeout,
             describe=lambda n: f"Notebook {n.id} is still {n.state}",
-            on_update=on_update,
+            on_update=following_steps(on_update, on_step),
         )
         if not notebook.is_ready:
             reason = f": {notebook.failure_reason}" if notebook.failure_reason else ""
@@ -287,15 +302,17 @@ class Jobs(Resource):
         *,
         check: bool = False,
         on_update: Callable[[Job], None] | None = None,
+        on_step: Callable[[StartStep], None] | None = None,
     ) -> Job:
         """Wait for the job to end; the job as it ended. With `check`, ``WorkloadFailed`` unless it
-        succeeded. ``WaitTimeout`` (with the job as ``obj``) after `timeout` seconds."""
+        succeeded. ``WaitTimeout`` (with the job as ``obj``) after `timeout` seconds. ``on_step`` is
+        called with each step of its start as it begins (``StartStep``)."""
         job = poll(
             lambda: self.get(job_id),
             lambda j: j.is_final,
             timeout=timeout,
             describe=lambda j: f"Job {j.id} is still {j.state}",
-            on_update=on_update,
+            on_update=following_steps(on_update, on_step),
         )
         if check:
             check_succeeded(job)

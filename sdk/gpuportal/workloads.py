@@ -19,12 +19,15 @@ from gpuportal.models import (
     Model,
     QueueInfo,
     ResultList,
+    StartStep,
     _int_or_none,
     _queue,
     fmt_duration,
-    fmt_gpus,
+    gpus_of,
+    on_replicas,
     parse_time,
     queue_or_end,
+    start_steps,
 )
 from gpuportal.resources import Resource
 
@@ -99,18 +102,23 @@ class Workload(Model):
         )
 
     @property
+    def start_progress(self) -> list[StartStep]:
+        """What its last start did, step by step, with times (``gpuportal.StartStep``)."""
+        return start_steps(self.data)
+
+    @property
     def is_final(self) -> bool:
         return self.state in ENDED_STATES
 
     @property
     def gpus(self) -> str:
-        """``2 x 4 h100``, per role that has GPUs (``1 h100 + 2 x 1 h100``); empty without GPUs."""
+        """``4 × H100 on each of 2 replicas``, per role that has GPUs (``1 × H100 + 1 × H100 on each
+        of 2 replicas``); empty without GPUs."""
         parts = []
         for podset in self.podsets:
             if not podset.gpus:
                 continue
-            per = f"{fmt_gpus(podset.gpus)} {podset.gpu_type}".strip()
-            parts.append(per if podset.replicas == 1 else f"{podset.replicas} x {per}")
+            parts.append(on_replicas(gpus_of(podset.gpus, podset.gpu_type), podset.replicas))
         return " + ".join(parts)
 
     @property

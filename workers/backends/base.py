@@ -14,6 +14,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from workers.backends.steps import StartSteps
+
 #: The layout of every backend's state blob: ``load_state()`` refuses a blob of another version.
 STATE_VERSION = 1
 #: Exit codes a backend reports where the workload left none of its own (those of timeout(1) and shells).
@@ -424,6 +426,10 @@ class Backend(ABC):
 
     #: The name the backend is chosen by in settings.
     name: str = ""
+    #: Where a start reports its steps as it takes them (workers/backends/steps.py): set by the
+    #: caller before ``start()``; None where nobody listens. A start hook reports each step it takes
+    #: (``steps.begin``: building the environment, starting the processes, waiting for an answer).
+    steps: StartSteps | None = None
 
     # -- start ---------------------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ from workers.backends.processes import (
 )
 from workers.backends.pyenv import ensure_env, ensure_sdk_env, ensure_serve_env
 from workers.backends.sandbox import Sandbox, check_available, filter_fd
+from workers.backends.steps import ANSWERING, STARTING, begin
 
 # What a workload takes from the portal's own environment: its locale and time zone. Never PATH,
 # which names the portal's own directories (its user's home, its virtualenv).
@@ -108,6 +109,17 @@ rc=${PIPESTATUS[0]}
 echo "$rc" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"
 exit "$rc"
 """
+
+
+# What a start says as it starts a kind's processes (workers/backends/steps.py).
+_STARTING = {
+    "job": "starting the job's process",
+    "gang": "starting the job's {n} processes",
+    "instance": "starting the instance's process group",
+    "notebook": "starting the Jupyter server",
+    "ray": "starting the Ray cluster's pod",
+    "inference": "starting the model server",
+}
 
 
 class LocalBackend(FileOutputs):
@@ -239,7 +251,7 @@ class LocalBackend(FileOutputs):
 
     def _sdk_environment(self) -> Path | None:
         """The SDK's environment for jobs and instances (built once), where environments are kept."""
-        return ensure_sdk_env(Path(self.env_root)) if self.env_root else None
+        return ensure_sdk_env(Path(self.env_root), steps=self.steps) if self.env_root else None
 
     def _launch(
         self, spec: JobSpec, environment: Path | None, *, read_only: tuple[str, ...] = (), kind: str = "job"
@@ -252,6 +264,8 @@ class LocalBackend(FileOutputs):
                 return self._endpoint()
             raise BackendError("this backend already ran a job; clear_state() first", permanent=True)
         validate_spec(spec)
+        starting = _STARTING["gang" if kind == "job" and spec.replicas > 1 else kind]
+        begin(self.steps, STARTING, starting.format(n=spec.replicas))
         if self.sandbox == "bwrap":
             check_available()
         if spec.disk is not None:  # the workspace's directory is a filesystem of its quota's size
@@ -309,12 +323,13 @@ class LocalBackend(FileOutputs):
             return self._notebook_endpoint()
         if not self.env_root:
             raise BackendError("the local backend has no notebook environment directory", permanent=True)
-        env = ensure_env(spec.python_packages, Path(self.env_root))
+        env = ensure_env(spec.python_packages, Path(self.env_root), steps=self.steps)
         sock = server_socket(self.run_dir, Path(os.path.abspath(os.path.join(spec.work_dir, spec.key))))
         server = notebook_job(spec, env, sock=str(sock))
         self._instance_cgroup = dict(spec.instance_state.get("cgroup") or {})  # its group is in there
         prepare_socket_dir(sock, spec.run_as)
         self._launch(server, env, read_only=(str(IDENTITY_MODULES),), kind="notebook")
+        begin(self.steps, ANSWERING, "waiting for Jupyter to answer")
         return self._notebook_answering(spec.base_url)
 
     def start_ray_cluster(self, spec: RayClusterSpec) -> Endpoint:
@@ -345,6 +360,7 @@ class LocalBackend(FileOutputs):
         job = raycluster.ray_job(spec, environment, sock, start_timeout_s=timeout_s)
         prepare_socket_dir(sock, spec.run_as)
         self._launch(job, environment, read_only=tuple(str(path) for path in raycluster.POD_FILES), kind="ray")
+        begin(self.steps, ANSWERING, "waiting for every node to join and the dashboard to answer")
         return self._ray_joined(spec)
 
     def start_inference(self, spec: InferenceSpec) -> Endpoint:
@@ -358,11 +374,12 @@ class LocalBackend(FileOutputs):
             return self._notebook_endpoint()
         if not self.env_root:
             raise BackendError("the local backend has no environment directory for inference servers", permanent=True)
-        environment = ensure_serve_env(spec.server, Path(self.env_root))
+        environment = ensure_serve_env(spec.server, Path(self.env_root), steps=self.steps)
         job_dir = Path(os.path.abspath(os.path.join(spec.work_dir, spec.key)))
         sock = server_socket(self.run_dir, job_dir).with_name(INFERENCE_SOCKET_NAME)
         prepare_socket_dir(sock, spec.run_as)
         self._launch(inference_job(spec, str(sock)), environment, kind="inference")
+        begin(self.steps, ANSWERING, f"waiting for the model server to load {spec.served_name} and answer")
         return self._server_answering(spec)
 
     def _server_answering(self, spec: InferenceSpec) -> Endpoint:

@@ -11,7 +11,12 @@ variables its backend sets.
 
 An environment is built in a temporary directory under a file lock and renamed into place once
 complete: a worker that dies mid-build leaves no half-made environment behind, and two workers
-never build the same one twice.
+never build the same one twice. A build says who started it and when in ``<name>.building.json``
+beside it, so that a start that finds it under way can say what it waits for; each build's
+duration is kept in ``builds.json`` in the root, and the median of the earlier builds of the same
+packages is what a build is expected to take (``expected_build_s``). A start hands its
+``StartSteps`` (workers/backends/steps.py) to the ``ensure_*`` functions, which report there what
+they do: the environment was built earlier, another build is waited for, or one is made now.
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ import os
 import re
 import shutil
 import stat
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from workers.backends import servers
 from workers.backends.base import BackendError, PolicyRefusal
+from workers.backends.steps import ENVIRONMENT, StartSteps, describe_duration
 
 # What a notebook server needs, added to a profile's list unless it names its own version:
 # JupyterLab (what "Open Jupyter" opens, as on JupyterHub), which brings the server.
@@ -38,6 +47,9 @@ JUPYTERLAB = "jupyterlab==4.4.10"
 JUPYTER_SERVER = "jupyter_server==2.21.1"
 IPYKERNEL = "ipykernel==7.4.0"
 BUILD_TIMEOUT_S = 1800.0
+#: Where the durations of an environment root's builds are kept, and how many of each.
+BUILDS_FILE = "builds.json"
+BUILDS_KEPT = 20
 #: The Ray of the Ray environment (``ensure_ray_env``), as requirements.txt pins it for the portal's own.
 RAY_VERSION = "2.60.0"
 RAY_REQUIREMENT = f"ray[default]=={RAY_VERSION}"
@@ -124,27 +136,44 @@ def env_is_built(packages: list[str], root: Path, python: str = sys.executable) 
     return (root / env_digest(requirements_for(packages), python) / ".ready").exists()
 
 
-def ensure_env(packages: list[str], root: Path, python: str = sys.executable) -> Path:
+def ensure_env(
+    packages: list[str], root: Path, python: str = sys.executable, *, steps: StartSteps | None = None, by: str = ""
+) -> Path:
     """Return the directory of a virtualenv holding ``packages``, JupyterLab and the portal's SDK,
-    building it if it is not there yet. ``BackendError`` (transient) if pip fails, with its last lines."""
+    building it if it is not there yet. ``BackendError`` (transient) if pip fails, with its last lines.
+    What it does is reported to ``steps``; ``by`` says who builds it, to starts that wait for it
+    ("the portal" for a build ahead of any start; by default "another start")."""
     requirements = requirements_for(packages)
-    return _ensure(root / env_digest(requirements, python), python, requirements, system_site_packages=False)
+    build = _Build(f"env:{','.join(requirements)}", requirements, by)
+    target = root / env_digest(requirements, python)
+    return _ensure(target, python, requirements, system_site_packages=False, build=build, steps=steps)
 
 
-def ensure_sdk_env(root: Path, python: str = sys.executable) -> Path:
+def sdk_env_dir(root: Path, python: str = sys.executable) -> Path:
+    """Where ``ensure_sdk_env`` keeps the SDK's environment for ``python``."""
+    return root / f"sdk-{env_digest(['--system-site-packages'], python)}"
+
+
+def sdk_env_is_built(root: Path, python: str = sys.executable) -> bool:
+    """Whether ``ensure_sdk_env`` would return at once, the SDK's environment being built."""
+    return (sdk_env_dir(root, python) / ".ready").exists()
+
+
+def ensure_sdk_env(root: Path, python: str = sys.executable, *, steps: StartSteps | None = None, by: str = "") -> Path:
     """Return the directory of the SDK's own virtualenv, for jobs and instances: the portal's SDK
     and CLI on top of the packages of ``python`` itself (``--system-site-packages``), so that a
     job's ``python`` still sees what the machine has installed. Built once, like ``ensure_env``."""
-    target = root / f"sdk-{env_digest(['--system-site-packages'], python)}"
-    return _ensure(target, python, [], system_site_packages=True)
+    build = _Build("sdk", [], by, what="the portal's SDK on this machine's Python")
+    return _ensure(sdk_env_dir(root, python), python, [], system_site_packages=True, build=build, steps=steps)
 
 
-def ensure_ray_env(root: Path, python: str = sys.executable) -> Path:
+def ensure_ray_env(root: Path, python: str = sys.executable, *, steps: StartSteps | None = None, by: str = "") -> Path:
     """Return the directory of the Ray environment for ``python``: ``ray[default]`` at ``RAY_VERSION``
     and the portal's SDK, where a Ray cluster's nodes run (workers/backends/slurm_ray.py). Built once,
     like ``ensure_env``."""
     target = root / f"ray-{env_digest([RAY_REQUIREMENT], python)}"
-    return _ensure(target, python, [RAY_REQUIREMENT], system_site_packages=False)
+    build = _Build("ray", [RAY_REQUIREMENT], by)
+    return _ensure(target, python, [RAY_REQUIREMENT], system_site_packages=False, build=build, steps=steps)
 
 
 # How pip builds llama-cpp-python, which PyPI has as source only: for CPUs, and portable (no
@@ -173,13 +202,18 @@ def serve_env_is_built(kind: str, root: Path, python: str = sys.executable) -> b
     return (_serve_env_dir(kind, root, python)[0] / ".ready").exists()
 
 
-def ensure_serve_env(kind: str, root: Path, python: str = sys.executable) -> Path:
+def ensure_serve_env(
+    kind: str, root: Path, python: str = sys.executable, *, steps: StartSteps | None = None, by: str = ""
+) -> Path:
     """Return the directory of the environment of the model server ``kind`` (``servers.SERVERS``):
     its pinned packages and the portal's SDK, built once like ``ensure_env``. llama-cpp-python is
     compiled on the first build (minutes), with every CPU of this machine."""
     target, requirements = _serve_env_dir(kind, root, python)
     build_env = {"CMAKE_ARGS": LLAMACPP_CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
-    return _ensure(target, python, requirements, system_site_packages=False, build_env=build_env)
+    build = _Build(f"serve-{kind}", requirements, by)
+    return _ensure(
+        target, python, requirements, system_site_packages=False, build_env=build_env, build=build, steps=steps
+    )
 
 
 # JupyterLab's defaults for every user of an environment (its overrides.json): no prompt asking a
@@ -198,6 +232,81 @@ def _lab_settings(env: Path) -> None:
             (env / path).chmod(0o755 if (env / path).is_dir() else 0o644)
 
 
+class _Build:
+    """What an environment build is, for the steps it reports and the durations it keeps: its
+    ``label`` (the same packages, the same label, whatever the SDK's digest), its packages, who
+    builds it, and how to say what it holds."""
+
+    def __init__(self, label: str, requirements: list[str], by: str, what: str = "") -> None:
+        self.label = label
+        self.requirements = requirements
+        self.by = by or "another start"
+        self.what = what or f"{', '.join(requirements)} and the portal's SDK"
+
+
+def expected_build_s(root: Path, label: str) -> float | None:
+    """The median duration of the earlier builds of ``label`` under ``root`` (None: no earlier build)."""
+    durations = _build_records(root).get(label, [])
+    return statistics.median(float(entry["seconds"]) for entry in durations) if durations else None
+
+
+def _build_records(root: Path) -> dict[str, list[dict[str, Any]]]:
+    try:
+        records = json.loads((root / BUILDS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def _record_build(root: Path, label: str, seconds: float) -> None:
+    """Keep how long a build of ``label`` took (the last ``BUILDS_KEPT`` of each label)."""
+    with open(root / f"{BUILDS_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        records = _build_records(root)
+        kept = [*records.get(label, []), {"seconds": round(seconds, 2), "at": round(time.time())}]
+        records[label] = kept[-BUILDS_KEPT:]
+        partial = root / f"{BUILDS_FILE}.tmp"
+        partial.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+        partial.chmod(0o644)
+        os.replace(partial, root / BUILDS_FILE)
+
+
+def _built_ago(target: Path) -> str:
+    try:
+        return f"built {describe_duration(time.time() - (target / '.ready').stat().st_mtime)} ago"
+    except OSError:
+        return "built earlier"
+
+
+def _usually(expected: float | None) -> str:
+    return f"usually {describe_duration(expected)}" if expected is not None else "the first build: none to go by"
+
+
+def _report_waiting(target: Path, build: _Build, steps: StartSteps | None, expected: float | None) -> None:
+    """Another process holds the build's lock: say whose build is waited for, and since when."""
+    if steps is None:
+        return
+    try:
+        info = json.loads(target.with_name(f"{target.name}.building.json").read_text())
+        since = f"started {describe_duration(time.time() - float(info['started_at']))} ago by {info['by']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        since = "started by another process"
+    steps.begin(
+        ENVIRONMENT,
+        f"building the Python environment ({build.what}): {since}, {_usually(expected)}",
+        expected_s=expected,
+        packages=build.requirements,
+    )
+
+
+def _wait_for_lock(lock: Any, target: Path, build: _Build, steps: StartSteps | None, expected: float | None) -> None:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another worker is building it: wait for it, and say so
+        _report_waiting(target, build, steps, expected)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+
 def _ensure(
     target: Path,
     python: str,
@@ -205,18 +314,34 @@ def _ensure(
     *,
     system_site_packages: bool,
     build_env: dict[str, str] | None = None,
+    build: _Build | None = None,
+    steps: StartSteps | None = None,
 ) -> Path:
+    build = build or _Build(target.name, requirements, "")
     if (target / ".ready").exists():
         with contextlib.suppress(OSError):  # not ours to change: JupyterLab keeps its defaults
             _lab_settings(target)  # an environment built before it was written
+        if steps is not None:
+            steps.begin(ENVIRONMENT, f"the Python environment is ready ({build.what}): {_built_ago(target)}")
         return target
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
+    expected = expected_build_s(root, build.label)
     with open(root / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building it: wait for it
+        _wait_for_lock(lock, target, build, steps, expected)
         if (target / ".ready").exists():
             return target
         building = root / f"{target.name}.building"
+        info = target.with_name(f"{target.name}.building.json")
+        began = time.time()
+        info.write_text(json.dumps({"started_at": began, "by": build.by}))
+        if steps is not None:
+            steps.begin(
+                ENVIRONMENT,
+                f"building the Python environment ({build.what}): {_usually(expected)}",
+                expected_s=expected,
+                packages=build.requirements,
+            )
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
         try:
@@ -234,6 +359,9 @@ def _ensure(
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
+        finally:
+            info.unlink(missing_ok=True)
+        _record_build(root, build.label, time.time() - began)
     return target
 
 

@@ -236,7 +236,7 @@ class SlurmBackend(FileOutputs):
     def _sdk_environment(self) -> Path | None:
         """The SDK's environment for jobs and instances, built once under ``env_root`` with the
         nodes' Python. Where the nodes cannot reach it, its ``bin`` on PATH is merely skipped."""
-        return ensure_sdk_env(Path(self.env_root), self.python) if self.env_root else None
+        return ensure_sdk_env(Path(self.env_root), self.python, steps=self.steps) if self.env_root else None
 
     def _launch(
         self, spec: JobSpec, environment: Path | None, kind: str = "job", files: dict[str, str] | None = None
@@ -427,7 +427,7 @@ class SlurmBackend(FileOutputs):
         running = self._state and self._state.get("key") == spec.key and "final" not in self._state
         if running and self._live_state() is not None:
             return self._notebook_endpoint()
-        env = ensure_env(spec.python_packages, Path(self.env_root), self.python)
+        env = ensure_env(spec.python_packages, Path(self.env_root), self.python, steps=self.steps)
         server = notebook_job(spec, env, ip=_NODE_ADDR)
         if spec.run_as is not None and os.geteuid() == 0:
             # The server runs as the workspace's account: it must reach the environment (and the
@@ -476,7 +476,7 @@ class SlurmBackend(FileOutputs):
             raise BackendError("the slurm backend has no environment directory for model servers", permanent=True)
         if not spec.api_key:
             raise BackendError("a model server on Slurm needs an API key: its node's jobs reach it", permanent=True)
-        env = ensure_serve_env(spec.server, Path(self.env_root), self.python)
+        env = ensure_serve_env(spec.server, Path(self.env_root), self.python, steps=self.steps)
         if spec.run_as is not None and os.geteuid() == 0:
             check_reachable(env, "the model server's environment")
             check_reachable(os.path.realpath(env / "bin" / "python"), "the model server environment's Python")
@@ -554,7 +554,7 @@ class SlurmBackend(FileOutputs):
         job = check_ray_spec(spec)
         if not self.env_root:
             raise BackendError("the slurm backend has no environment directory for Ray", permanent=True)
-        env = ensure_ray_env(Path(self.env_root), self.python)
+        env = ensure_ray_env(Path(self.env_root), self.python, steps=self.steps)
         program = install_program(env)
         run_as = spec.run_as if os.geteuid() == 0 else None
         if run_as is not None:

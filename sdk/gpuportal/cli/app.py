@@ -2,6 +2,8 @@
 
 Exit codes: 0 success; 2 a bad command line or job spec (ours or the portal's refusal of a
 field); 1 any other error. Commands that follow a job to its end exit with the job's code.
+`apply` and `diff` have their own (cli/manifests.py): `apply` 1 on any error, `diff` 1 for
+differences and 2 on an error, as `kubectl diff`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import click
 from gpuportal import __version__
 from gpuportal.client import Client
 from gpuportal.errors import GPUPortalError, SpecError, ValidationError, WaitTimeout
-from gpuportal.models import Job, Model, fmt_duration, fmt_estimate
+from gpuportal.models import Job, Model, StartStep, StepFollower, fmt_duration, fmt_estimate
 from gpuportal.spec import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -186,7 +188,9 @@ def job_line(job: Job, *, timer: bool = True) -> str:
 
 class Progress:
     """The display while waiting, on stderr: one line rewritten in place on a terminal, else a new
-    line each time the state, queue position or reason changes."""
+    line each time the state, queue position or reason changes; and a line of its own for each
+    step of the workload's start as it begins (waiting for a worker, building the environment,
+    starting, waiting for an answer), with the time it began."""
 
     def __init__(self, describe: Callable[[Any], str], key: Callable[[Any], str], stream: TextIO | None = None):
         self.describe, self.key = describe, key
@@ -194,8 +198,15 @@ class Progress:
         self.live = self.stream.isatty()
         self.last_key: str | None = None
         self.drawn = False
+        self.steps = StepFollower(self.step)
+
+    def step(self, step: StartStep) -> None:
+        """One step of the start, as it began: a line of its own, above the live line."""
+        self.pause()
+        self.stream.write(f"  {step.line()}\n")
 
     def __call__(self, obj: Any) -> None:
+        self.steps(obj)
         if self.live:
             width = shutil.get_terminal_size().columns - 1
             self.stream.write("\r\x1b[K" + self.describe(obj)[:width])
