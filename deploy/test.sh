@@ -13,6 +13,7 @@ ensure_redis
 ensure_chromium
 ensure_prometheus
 ensure_inference_env
+ensure_helm
 cd "$ROOT"
 # A real Slurm (4 simulated nodes x 4 GPUs) for the Slurm backend's tests; see docs/slurm.md.
 bash deploy/slurm.sh start
@@ -22,7 +23,12 @@ export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"
 # No connection pool in the test processes: tests' own threads take connections they never give
 # back. The pool is tested where it runs, in the web process (tests/test_connection_pool.py).
 export DATABASE_POOL_MAX="${DATABASE_POOL_MAX:-0}"
-export PORTAL_DATA_DIR="${PORTAL_DATA_DIR:-$(mktemp -d /tmp/gpuportal-test.XXXXXX)}"
+if [ -z "${PORTAL_DATA_DIR:-}" ]; then
+  # Deleted at the end: the block of workspace uids it held is then released by the next portal.
+  PORTAL_DATA_DIR="$(mktemp -d /tmp/gpuportal-test.XXXXXX)"
+  trap 'rm -rf "$PORTAL_DATA_DIR" || true' EXIT
+fi
+export PORTAL_DATA_DIR
 PY="$VENV/bin/python"
 
 echo "== lint and types"

@@ -209,6 +209,9 @@ def main() -> int:
 
     print("Preparing the database and the demo...", flush=True)
     _manage("migrate", "--no-input", "-v", "0")
+    # As root, this installation's block of workspace uids: refused where another portal holds it.
+    if os.geteuid() == 0 and subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), "uid_blocks"]).returncode:
+        return 1
     from django.conf import settings
 
     if "channels" in settings.DATABASES:  # live updates' SQLite file, when there is no Redis
@@ -274,6 +277,11 @@ def main() -> int:
         if not os.environ.get("PORTAL_METRICS_TOKEN"):
             where = data_dir / "metrics_token"
             print(f"Metrics: {url}/metrics, with 'Authorization: Bearer <the token in {where}>'", flush=True)
+            print("  (a Prometheus configuration for it: deploy/prometheus/prometheus-embedded.yml)", flush=True)
+        if settings.PORTAL_PREBUILD_ENVIRONMENTS:  # the provisioning worker asks for them as it starts
+            envs = settings.PORTAL_NOTEBOOK_ENV_DIR
+            print(f"Environments: the SDK's and each notebook profile's, built in the background in {envs}", flush=True)
+            print("  (once; a job or notebook started meanwhile waits for its own, and says so)", flush=True)
         print(flush=True)
         # A child that dies is started again (running workloads are left alone and reattached);
         # the proxy's routes come back with the scheduler loop's next reconcile.

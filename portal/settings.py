@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "apps.web",
     "apps.console",
     "apps.alerts",
+    "apps.manifests",
 ]
 
 MIDDLEWARE = [
@@ -112,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "apps.web.context.sandbox",
+                "apps.inventory.context.maintenance",
             ],
         },
     },
@@ -184,14 +186,24 @@ if _FILE_BROKER:
     CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
 else:
     CELERY_RESULT_BACKEND = env_secret("CELERY_RESULT_BACKEND", REDIS_URL) or None
-    if REDIS_PREFIX and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-        # Portals sharing one Redis database keep their queues apart by it.
-        CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_PREFIX}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        # A task whose worker died before it ended (never acknowledged: acks late, below) goes back
+        # on its queue this long after it was taken; longer than any task runs, or one still
+        # running would be run a second time beside it (docs/operations.md, "Rolling restart").
+        CELERY_BROKER_TRANSPORT_OPTIONS = {
+            "visibility_timeout": env_int("PORTAL_TASK_VISIBILITY_TIMEOUT_S", 1800, minimum=1, maximum=86400)
+        }
+        if REDIS_PREFIX:
+            # Portals sharing one Redis database keep their queues apart by it.
+            CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_PREFIX
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
+# A task whose pool process died under it (killed, out of memory) is handed back to the queue, not
+# recorded as failed: with acks late, a worker stopped mid-task leaves its task to another.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Two queues, each with workers of its own: quick work (scheduling cycles, starts of jobs on this
@@ -545,12 +557,23 @@ PORTAL_RUN_DIR = Path(env_str("PORTAL_RUN_DIR", str(DATA_DIR / "run")))
 # The most each replica's log on the local backend may hold, in MiB (it lies in PORTAL_RUN_DIR):
 # past it the oldest part is dropped, the most recent kept, and the log says how much was dropped.
 PORTAL_LOG_MAX_MB = env_int("PORTAL_LOG_MAX_MB", 100, minimum=1, maximum=1 << 20)
-# Workspace accounts (when the portal runs as root): workspace N gets uid PORTAL_WORKSPACE_UID_MIN + N,
-# named gpw<N>. The range must be reserved for this portal on every machine that runs its work.
+# Workspace accounts (when the portal runs as root; docs/security.md): the range is cut into blocks of
+# PORTAL_WORKSPACE_UID_BLOCK_SIZE uids, and each installation (data directory) on a machine holds one,
+# claimed in the machine's registry PORTAL_UID_REGISTRY_DIR (workers/backends/uidblocks.py): workspace N
+# gets uid <block's first uid> + N, named gpw<uid>. PORTAL_WORKSPACE_UID_BLOCK asks for a block by number
+# (machines sharing accounts, as Slurm's nodes do, must agree on it); unset, the first free one is taken.
+# The range must be reserved for the portal on every machine that runs its work.
 PORTAL_WORKSPACE_UID_MIN = env_int("PORTAL_WORKSPACE_UID_MIN", 200000, minimum=1000, maximum=2**31 - 2)
 PORTAL_WORKSPACE_UID_MAX = env_int("PORTAL_WORKSPACE_UID_MAX", 299999, minimum=1001, maximum=2**31 - 1)
 if PORTAL_WORKSPACE_UID_MAX <= PORTAL_WORKSPACE_UID_MIN:
     raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_MAX must be greater than PORTAL_WORKSPACE_UID_MIN.")
+PORTAL_WORKSPACE_UID_BLOCK_SIZE = env_int("PORTAL_WORKSPACE_UID_BLOCK_SIZE", 10000, minimum=100, maximum=2**30)
+if PORTAL_WORKSPACE_UID_BLOCK_SIZE > PORTAL_WORKSPACE_UID_MAX - PORTAL_WORKSPACE_UID_MIN + 1:
+    raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_BLOCK_SIZE must fit in PORTAL_WORKSPACE_UID_MIN..MAX.")
+PORTAL_WORKSPACE_UID_BLOCK: int | None = (
+    env_int("PORTAL_WORKSPACE_UID_BLOCK", 0, minimum=0) if env_str("PORTAL_WORKSPACE_UID_BLOCK").strip() else None
+)
+PORTAL_UID_REGISTRY_DIR = Path(env_str("PORTAL_UID_REGISTRY_DIR", "/var/lib/gpuportal/uid-blocks"))
 # Notebooks (docs/notebooks.md). The proxy in front of the portal that routes each notebook's
 # own host name to its server (--host-routing): its REST API and that API's token.
 PORTAL_PROXY_API_URL = env_str("PORTAL_PROXY_API_URL", "")
@@ -598,6 +621,9 @@ CSRF_COOKIE_DOMAIN = None
 MIDDLEWARE.insert(0, "apps.compute.middleware.NotebookHostMiddleware")  # before Django's host check
 # Where the local and Slurm backends keep the notebook profiles' Python environments.
 PORTAL_NOTEBOOK_ENV_DIR = Path(env_str("PORTAL_NOTEBOOK_ENV_DIR", str(DATA_DIR / "envs")))
+# Build the shared environments (the SDK's, each published notebook profile's) when a provisioning
+# worker starts and when a profile is published, before any start waits for them.
+PORTAL_PREBUILD_ENVIRONMENTS = env_bool("PORTAL_PREBUILD_ENVIRONMENTS", True)
 # The Python that Slurm notebook environments are built with: the workspaces' accounts on the
 # cluster's nodes must be able to run it (empty: the portal's own interpreter).
 PORTAL_NOTEBOOK_PYTHON = env_str("PORTAL_NOTEBOOK_PYTHON", "")

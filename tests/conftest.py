@@ -18,6 +18,13 @@ from tests.proxy import Proxy, running_proxy
 # as they are: ids repeat across the processes' databases. The portals a test starts inherit it.
 DISK_IMAGE_DIR = Path(tempfile.gettempdir()) / f"gpuportal-test-disks-{os.getpid()}"
 os.environ["PORTAL_DISK_IMAGE_DIR"] = str(DISK_IMAGE_DIR)
+# Each portal a test starts in a data directory of its own holds a block of workspace uids in the
+# machine's registry (workers/backends/uidblocks.py) until that directory is deleted: a range of a
+# thousand blocks, so that the directories pytest keeps from earlier runs never use them all up.
+os.environ.setdefault("PORTAL_WORKSPACE_UID_MAX", str(200_000 + 1000 * 10_000 - 1))
+# The portals the tests start build no environment ahead of their starts (every published profile's,
+# some of them large); the tests of that build ask for it (tests/workloads/test_start_progress.py).
+os.environ["PORTAL_PREBUILD_ENVIRONMENTS"] = "0"
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +44,7 @@ def _scheduler_runs_inline(settings: Any) -> None:
     settings.PORTAL_WORKLOAD_TRIGGER = "off"
     # One work directory per test process: the orphan sweep of one never sees another's jobs.
     settings.PORTAL_WORK_DIR = Path(tempfile.gettempdir()) / f"gpuportal-test-work-{os.getpid()}"
+    settings.PORTAL_PREBUILD_ENVIRONMENTS = False
     # Notebook environments are built once per machine and kept between runs.
     settings.PORTAL_NOTEBOOK_ENV_DIR = Path(
         os.environ.get("PORTAL_TEST_ENV_DIR", Path.home() / ".cache" / "gpuportal" / "test-envs")

@@ -17,7 +17,7 @@ from rest_framework import serializers
 from rest_framework.relations import ManyRelatedField, PrimaryKeyRelatedField, RelatedField
 from rest_framework.request import Request
 
-from apps.scheduling.types import SHARES_TEXT
+from apps.scheduling.types import SHARES_TEXT, gpu_shape_problem
 
 _WORDS = {str: "a string", bool: "true or false", int: "a whole number", dict: "an object", list: "a list"}
 
@@ -41,15 +41,16 @@ def _up_to(top: int) -> str:
 SHARES = r"0(?:\.(?:0{1,3}|250?|333|50{0,2}|667|750?))?"
 
 
-def decimal_pattern(field: serializers.DecimalField) -> str:
+def decimal_pattern(field: serializers.DecimalField, *, shares: bool = True) -> str:
     """The one way to write a value of `field`: digits without leading zeros or sign, up to its
     decimal places, from its minimum (0 or its last decimal place) to its whole maximum. GPU counts (fields marked
-    `gpu_shares`) are 0, a share of one device or whole devices."""
+    `gpu_shares`) are 0, a share of one device or whole devices (with `shares` false: any number in
+    their range, which the field then refuses in the words of `gpu_shape_problem`)."""
     places = field.decimal_places or 0
     top = int(field.max_value) if field.max_value is not None else 10 ** (field.max_digits - places) - 1
     fraction = rf"(?:\.\d{{1,{places}}})?" if places else ""
     zeros = rf"(?:\.0{{1,{places}}})?" if places else ""
-    if getattr(field, "gpu_shares", False):
+    if shares and getattr(field, "gpu_shares", False):
         whole = _up_to(top).replace("(?:0|", "(?:", 1)
         return rf"^(?:{SHARES}|{whole}{zeros})$"
     below = _up_to(top - 1)
@@ -100,6 +101,8 @@ def type_errors(field: serializers.Field, value: Any) -> list[str]:
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         return [f"Expected {words}."]
     if isinstance(field, serializers.DecimalField) and not re.fullmatch(decimal_pattern(field), value):
+        if getattr(field, "gpu_shares", False) and re.fullmatch(decimal_pattern(field, shares=False), value):
+            return []  # a number, but not a share of one device: the field says so (GPUCountField)
         return [f"{value!r} is not a number this field takes ({_range(field)})."]
     child = getattr(field, "child", None) or getattr(field, "child_relation", None)
     if isinstance(value, list) and child is not None:
@@ -172,6 +175,15 @@ class GPUCountField(ThousandthsField):
         kwargs.setdefault("min_value", Decimal("0"))
         kwargs.setdefault("max_value", Decimal("1024"))
         super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Decimal:
+        """A number of GPUs the portal takes, refused in the same words whether it came from the
+        API, a page's form or the CLI."""
+        value: Decimal = super().to_internal_value(data)
+        problem = gpu_shape_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class DecimalSchema(OpenApiSerializerFieldExtension):

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from apps.names import validate_dns_label, validate_gpu_type
+from apps.sizes import size_text
 from apps.workloads.models import PriorityClass
 
 
@@ -73,8 +74,7 @@ class ComputeProfile(Profile):
 
     @property
     def size_label(self) -> str:
-        gpus = f"{self.gpu_count.normalize():f} x {self.gpu_type}, " if self.gpu_count else ""
-        return f"{gpus}{self.cpu_cores} CPU, {self.memory_gb} GB"
+        return size_text(self.gpu_count, self.gpu_type, self.cpu_cores, self.memory_gb)
 
 
 class NotebookProfile(Profile):
@@ -122,5 +122,4 @@ class InferenceProfile(Profile):
 
     @property
     def size_label(self) -> str:
-        gpus = f"{self.gpus.normalize():f} × {self.gpu_type}, " if self.gpus else ""
-        return f"{gpus}{self.cpu_cores} CPU, {self.memory_gb} GB"
+        return size_text(self.gpus, self.gpu_type, self.cpu_cores, self.memory_gb)

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from apps.catalog.models import ComputeProfile
 from apps.console.forms import form_data, save
 from apps.errors import ActionError
+from apps.scheduling.limits import borrowing
 from apps.web.common import action_kwargs, admin_only, page
 from apps.web.usage import quota_use
 from apps.workspaces import actions
@@ -60,6 +61,15 @@ def workspace_list(request: HttpRequest) -> HttpResponse:
         "live_workspaces": [],
     }
     return page(request, "console/workspaces.html", context)
+
+
+def _quotas(workspace: Workspace) -> list[GPUQuota]:
+    """The workspace's quotas, each with what it may borrow in the words a refusal uses
+    (limits.borrowing: "no borrowing", "2 borrowable")."""
+    quotas = list(workspace.gpu_quotas.order_by("gpu_type"))
+    for quota in quotas:
+        quota.may_borrow = borrowing(workspace, quota)[1]  # type: ignore[attr-defined]
+    return quotas
 
 
 def _values(workspace: Workspace) -> dict[str, Any]:
@@ -119,7 +129,7 @@ def workspace_edit(request: HttpRequest, name: str | None = None) -> HttpRespons
         "editing": workspace,
         "values": values,
         "errors": errors,
-        "quotas": workspace.gpu_quotas.order_by("gpu_type") if workspace.pk else [],
+        "quotas": _quotas(workspace) if workspace.pk else [],
         "usage": {row.gpu_type: row for row in quota_use([workspace])} if workspace.pk else {},
         "disk_help": disk_summary(WorkspaceDisk.objects.filter(workspace=workspace).first() if workspace.pk else None),
         "quota_values": {},

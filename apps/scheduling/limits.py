@@ -14,7 +14,7 @@ from django.utils import timezone
 from apps.errors import ActionError, LimitExceeded
 from apps.inventory.models import GPU
 from apps.provisioning.models import ProvisioningRequest
-from apps.scheduling.types import SHARES, SHARES_TEXT
+from apps.scheduling.types import gpu_shape_problem
 from apps.workspaces.models import GPUQuota, Workspace
 
 ONE = Decimal("1")
@@ -27,20 +27,9 @@ def _fmt(value: Decimal) -> str:
 def check_gpu_shape(gpus_per_replica: Decimal, field: str = "gpus_per_replica") -> None:
     """GPUs per replica: 0 (no GPU: the work runs on CPU cores alone), a share of one device
     (SHARES), or a whole number of devices."""
-    if gpus_per_replica < 0:
-        raise ActionError("GPUs cannot be negative.", field=field)
-    if gpus_per_replica > ONE and gpus_per_replica != gpus_per_replica.to_integral_value():
-        raise ActionError(
-            f"{_fmt(gpus_per_replica)} GPUs: more than one device must be a whole number (1, 2, 8...); "
-            f"a share of one device is {SHARES_TEXT}.",
-            field=field,
-        )
-    if 0 < gpus_per_replica < ONE and gpus_per_replica not in SHARES:
-        raise ActionError(
-            f"{_fmt(gpus_per_replica)} GPUs: a share of one device is {SHARES_TEXT} "
-            "(or 0 for no GPU, or a whole number of devices).",
-            field=field,
-        )
+    problem = gpu_shape_problem(gpus_per_replica)
+    if problem:
+        raise ActionError(problem, field=field)
 
 
 def gpus_per_node(gpu_type: str) -> dict[int, list[int]]:
@@ -86,10 +75,18 @@ def _quota_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     quota = GPUQuota.objects.filter(workspace=workspace, gpu_type=gpu_type).first()
     if quota is None:  # the engine gives a type without a quota row nothing, borrowed or not
         return Decimal("0"), f"no {gpu_type} quota"
-    nominal = quota.gpus
+    borrowed, words = borrowing(workspace, quota)
+    joined = f", {words}" if borrowed is None else f" + {words}"
+    return quota.gpus + (borrowed or 0), f"{_fmt(quota.gpus)} nominal{joined}"
+
+
+def borrowing(workspace: Workspace, quota: GPUQuota) -> tuple[Decimal | None, str]:
+    """What a quota's workspace may borrow of its type from its cohort, and how the pages and the
+    refusals say it: (None, "no borrowing") where it does not borrow (it may not, or has no cohort),
+    else the most its cohort's others lend, within its own borrowing limit ("2 borrowable")."""
     if not workspace.can_borrow or workspace.cohort_id is None:
-        return nominal, f"{_fmt(nominal)} nominal, no borrowing"
-    cohort = GPUQuota.objects.filter(workspace__cohort_id=workspace.cohort_id, gpu_type=gpu_type).exclude(
+        return None, "no borrowing"
+    cohort = GPUQuota.objects.filter(workspace__cohort_id=workspace.cohort_id, gpu_type=quota.gpu_type).exclude(
         workspace=workspace
     )
     lendable = sum(
@@ -97,7 +94,7 @@ def _quota_ceiling(workspace: Workspace, gpu_type: str) -> tuple[Decimal, str]:
     )
     if quota.borrowing_limit is not None:
         lendable = min(lendable, quota.borrowing_limit)
-    return nominal + lendable, f"{_fmt(nominal)} nominal + {_fmt(lendable)} borrowable"
+    return lendable, f"{_fmt(lendable)} borrowable"
 
 
 def check_runtime_limit(workspace: Workspace, max_runtime_s: int | None) -> int | None:

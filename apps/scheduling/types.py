@@ -20,6 +20,25 @@ SHARES = tuple(Decimal(share) for share in ("0.25", "0.333", "0.5", "0.667", "0.
 SHARES_TEXT = "0.25, 0.333, 0.5, 0.667 or 0.75"
 
 
+def gpu_shape_problem(gpus: Decimal | int) -> str | None:
+    """Why `gpus` is not a number of GPUs per replica (None if it is): 0 (no GPU), a share of one
+    device (SHARES) or a whole number of devices. The one wording the API, the pages and the CLI
+    give (docs/fractional-gpus.md)."""
+    gpus = Decimal(gpus)  # a field's default may be a plain int
+    written = f"{gpus.normalize():f}"
+    if gpus < 0:
+        return "GPUs cannot be negative."
+    if gpus > 1 and gpus != gpus.to_integral_value():
+        return (
+            f"{written} GPUs: more than one device must be a whole number (1, 2, 8...); "
+            f"a share of one device is {SHARES_TEXT}."
+        )
+    if 0 < gpus < 1 and gpus not in SHARES:
+        others = "or 0 for no GPU, or a whole number of devices"
+        return f"{written} GPUs: a share of one device is {SHARES_TEXT} ({others})."
+    return None
+
+
 def units_of(gpus: Decimal) -> int:
     return int(gpus * UNIT)
 

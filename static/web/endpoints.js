@@ -71,7 +71,8 @@
           charts[name] = new Chart(canvas, {
             type: "line",
             data: { labels: labels, datasets: spec.datasets },
-            options: { responsive: true, maintainAspectRatio: false, animation: { duration: 300 },
+            // No animation: a refresh or a new width redraws at once (as live.js's charts).
+            options: { responsive: true, maintainAspectRatio: false, animation: false,
               interaction: { mode: "index", intersect: false },
               scales: { y: { beginAtZero: true, title: { display: true, text: spec.title },
                 ticks: spec.integer ? { precision: 0 } : {} },
@@ -83,7 +84,7 @@
         } else {
           charts[name].data.labels = labels;
           charts[name].data.datasets = spec.datasets;
-          charts[name].update();
+          charts[name].update("none");
         }
       });
     }

@@ -153,6 +153,8 @@
 
   // GPU use over time: a line per GPU type and a dashed line for each type's limit.
   const PALETTE = ["#3b5bdb", "#12b886", "#f59f00", "#e64980", "#7048e8", "#15aabf"];
+  // A time on a chart's axis as the pages write times: 24-hour, "14:05".
+  const clock = (label) => new Date(label).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
   function drawChart(box) {
     const canvas = box.querySelector("canvas");
     const table = box.querySelector("table tbody");
@@ -161,7 +163,7 @@
       const response = await fetch(box.dataset.chartUrl, { credentials: "same-origin" });
       if (!response.ok) return;
       const data = await response.json();
-      const labels = data.labels.map((l) => new Date(l).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
+      const labels = data.labels.map(clock);
       const datasets = [];
       // The GPUs held by type (the dashboard), or a measure per device ("suffix", "y_title",
       // "y_max": a workload's GPU utilisation, where a bucket without a sample is null).
@@ -169,15 +171,23 @@
       const present = (values) => values.filter((v) => v !== null);
       Object.entries(data.series).forEach(([type, values], i) => {
         const color = PALETTE[i % PALETTE.length];
+        // Every figure is one bucket's (GPUs held on average over it, nodes up, a device's use),
+        // labelled with the bucket's end: drawn as steps, which hold each value over its bucket,
+        // never as a smoothed curve that overshoots between them (3.5 GPUs where 3 and 4 were held).
         datasets.push({ label: `${type}${suffix}`, data: values, borderColor: color, backgroundColor: color + "22",
-          fill: true, stepped: false, tension: 0.25, pointRadius: 0, borderWidth: 2, spanGaps: false });
+          fill: true, stepped: "before", tension: 0, pointRadius: 0, borderWidth: 2, spanGaps: false });
         if (data.measured && type in data.measured) {  // what the held GPUs measured busy, where telemetry exists
           datasets.push({ label: `${type} measured busy`, data: data.measured[type], borderColor: color,
-            borderDash: [2, 3], pointRadius: 0, borderWidth: 2, fill: false, spanGaps: false });
+            borderDash: [2, 3], stepped: "before", tension: 0, pointRadius: 0, borderWidth: 2, fill: false,
+            spanGaps: false });
         }
         if (data.limits && type in data.limits) {
           datasets.push({ label: `${type} ${data.limit_label}`, data: values.map(() => data.limits[type]),
             borderColor: color, borderDash: [6, 4], pointRadius: 0, borderWidth: 1.5, fill: false });
+        }
+        if (data.floors && type in data.floors) {  // a lower limit (an elastic pool's minimum)
+          datasets.push({ label: `${type} ${data.floor_label}`, data: values.map(() => data.floors[type]),
+            borderColor: color, borderDash: [2, 4], pointRadius: 0, borderWidth: 1.5, fill: false });
         }
       });
       if (table) {
@@ -197,16 +207,17 @@
         chart = new Chart(canvas, {
           type: "line",
           data: { labels: labels, datasets: datasets },
-          options: { responsive: true, maintainAspectRatio: false, animation: { duration: 300 },
+          // No animation: a refresh or a new width redraws at once, never a line growing from the left.
+          options: { responsive: true, maintainAspectRatio: false, animation: false,
             interaction: { mode: "index", intersect: false },
             scales: { y: { beginAtZero: true, max: data.y_max, title: { display: true, text: data.y_title || "GPUs" } },
-              x: { ticks: { maxTicksLimit: 8 } } },
+              x: { ticks: { maxTicksLimit: 8, maxRotation: 0, autoSkipPadding: 12 } } },
             plugins: { legend: { position: "bottom" } } },
         });
       } else {
         chart.data.labels = labels;
         chart.data.datasets = datasets;
-        chart.update();
+        chart.update("none");
       }
     }
     function soon() {
@@ -228,6 +239,17 @@
     });
     document.querySelectorAll("[data-log-url]").forEach(followLog);
     document.querySelectorAll("[data-chart-url]").forEach(drawChart);
+    // On a phone the navigation is one line that scrolls: show the current page's link in it, at the
+    // start and whenever the width changes (a phone turned, a window narrowed).
+    const nav = document.querySelector(".sidenav");
+    const here = nav && nav.querySelector('[aria-current="page"]');
+    function showHere() {
+      if (!here || nav.scrollWidth <= nav.clientWidth) return;
+      const offset = here.getBoundingClientRect().left - nav.getBoundingClientRect().left;
+      nav.scrollLeft += offset - (nav.clientWidth - here.offsetWidth) / 2;
+    }
+    showHere();
+    window.addEventListener("resize", showHere);
     // One listener for every Copy button, those a live update renders later included.
     document.addEventListener("click", async (event) => {
       const button = event.target.closest("[data-copy]");

@@ -38,7 +38,8 @@ from apps.inference.actions import check_create_endpoint
 from apps.inference.models import Endpoint as InferenceEndpoint
 from apps.inventory.actions import do_save_cluster, do_sync_local_cluster
 from apps.inventory.discovery import parse_declared
-from apps.inventory.models import GPU, Cluster, Node, NodePool
+from apps.inventory.maintenance import check_save_window
+from apps.inventory.models import GPU, Cluster, MaintenanceWindow, Node, NodePool
 from apps.invitations.actions import do_invite
 from apps.invitations.models import Invitation
 from apps.jobs.actions import check_submit_job
@@ -290,6 +291,21 @@ def more_pool_scaling(world: World, rows: range) -> None:
         PoolScaling.objects.create(pool=slurm_pool(f"pool-{n}", 2), max_nodes=2)
 
 
+def _in_hours(hours: int) -> str:
+    return (timezone.now() + timedelta(hours=hours)).isoformat().replace("+00:00", "Z")
+
+
+def maintenance_window(world: World, workspace: Workspace) -> MaintenanceWindow:
+    fields = {"cluster": Cluster.objects.get(name="local"), "start_at": timezone.now() + timedelta(days=1),
+              "end_at": timezone.now() + timedelta(days=1, hours=2), "reason": "New power supply"}  # fmt: skip
+    return check_save_window(MaintenanceWindow(), fields, acting_user=world.admin)
+
+
+def more_maintenance_windows(world: World, rows: range) -> None:
+    for _ in rows:
+        maintenance_window(world, world.team_a)
+
+
 def quota(world: World, workspace: Workspace) -> Any:
     return do_set_gpu_quota(workspace, "a100", gpus=Decimal("2"), acting_user=world.admin)
 
@@ -505,7 +521,14 @@ ENDPOINTS = [
              create=lambda w, ws: {"name": "slurm-1", "kind": "slurm", "connection": {"partition": "gpu"}},
              create_by="admin", patch={"placement": "spread"}, change_by="admin", delete=True, delete_by="admin",
              actions=("discover",), more=more_clusters),
-    Endpoint("nodes", lambda w, ws: Node.objects.get(), tenant=False),
+    # Admins cordon, drain and bring back a node, in that order (tests/maintenance/ for the rest).
+    Endpoint("nodes", lambda w, ws: Node.objects.get(), tenant=False, actions=("cordon", "drain", "uncordon"),
+             change_by="admin"),
+    Endpoint("maintenance-windows", maintenance_window, tenant=False, read_by="admin",
+             create=lambda w, ws: {"cluster": "local", "start_at": _in_hours(2), "end_at": _in_hours(4),
+                                   "reason": "Firmware update"},
+             create_by="admin", patch={"reason": "Firmware and BIOS update"}, change_by="admin", delete=True,
+             delete_by="admin", more=more_maintenance_windows),
     Endpoint("gpus", lambda w, ws: GPU.objects.order_by("index").first(), tenant=False, more=more_gpus),
     Endpoint("pool-scaling", pool_scaling, tenant=False, read_by="admin",
              create=lambda w, ws: {"pool": slurm_pool("static").pk, "max_nodes": 1}, create_by="admin",
@@ -548,6 +571,7 @@ OTHER_ROUTES = {
     "admin/whatif/": "GET",  # admins only: tests/scheduling/test_whatif_api.py checks who may do what
     "admin/whatif/<int:pk>/": "GET",
     "admin/whatif/<int:pk>/csv/": "GET",
+    "admin/manifests/": "GET",  # admins only: tests/manifests/test_apply.py checks who may do what
     # tests/provisioning/test_api.py: estimates save nothing; the calendar shows only what the queue shows
     "gprs/estimate/": "POST",
     "gprs/calendar/": "GET",

@@ -64,6 +64,37 @@ def test_the_example_configurations_pass_their_checks(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_embedded_example_passes_promtool_with_the_token_file_the_portal_writes(tmp_path: Path) -> None:
+    config = (DEPLOY / "prometheus-embedded.yml").read_text()
+    [token_file] = re.findall(r"(?m)^\s+credentials_file: (\S+)$", config)
+    # Read from the file's own directory: the default data directory's token (portal/settings.py).
+    assert (DEPLOY / token_file).resolve() == (ROOT / "var" / "metrics_token").resolve()
+    assert "scheme: http\n" in config and '"127.0.0.1:8000"' in config
+    # The same layout as a clone's, in which the portal has started once (and written its token).
+    copy = tmp_path / "deploy" / "prometheus"
+    copy.mkdir(parents=True)
+    for name in ("prometheus-embedded.yml", "alerts.yml"):
+        shutil.copy(DEPLOY / name, copy / name)
+    check = [_tool("promtool"), "check", "config", str(copy / "prometheus-embedded.yml")]
+    refused = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "metrics_token" in refused.stdout + refused.stderr
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "metrics_token").write_text(TOKEN)
+    done = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_dashboard_asks_for_its_data_source_on_import() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    [source] = dashboard["__inputs"]
+    assert source | {"name": "DS_PROMETHEUS", "type": "datasource", "pluginId": "prometheus"} == source
+    wanted = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+    users = [*dashboard["panels"], *(t for p in dashboard["panels"] for t in p["targets"])]
+    users += [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert users and all(user["datasource"] == wanted for user in users)
+    assert "${datasource}" not in DASHBOARD.read_text()
+
+
 def test_the_dashboard_asks_only_for_metrics_the_portal_serves_in_valid_promql(world: World, tmp_path: Path) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     served = {family.name for family in registry().collect()}

@@ -97,7 +97,7 @@ def test_a_script_job_runs_to_success_with_its_logs_and_artifact_bytes(cli: Run,
     assert (tmp_path / "downloaded" / "out" / "weights.bin").read_bytes() == payload
 
     listing = cli("ls", "-w", "demo-team")
-    assert re.search(rf"^{job_id}\s+train\s+demo-team\s+1 h100\s+SUCCEEDED\s+exit code 0$", listing.stdout, re.M)
+    assert re.search(rf"^{job_id}\s+train\s+demo-team\s+1 × H100\s+SUCCEEDED\s+exit code 0$", listing.stdout, re.M)
 
 
 def test_a_failing_job_gives_its_exit_code_to_the_shell(cli: Run, tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_a_queued_job_shows_its_position_and_reason_while_the_quota_is_full(cli:
             (waiter, 1, reason)
         ]
         table = cli("queue", "-w", "demo").stdout
-        assert re.search(rf"^\d+\s+1\s+{waiter}\s+waiter\s+demo\s+1 h100\s+.*{reason}$", table, re.M), table
+        assert re.search(rf"^\d+\s+1\s+{waiter}\s+waiter\s+demo\s+1 × H100\s+.*{reason}$", table, re.M), table
 
         waited = cli("wait", str(waiter), "--timeout", "1")
         assert waited.returncode == 124
@@ -185,6 +185,12 @@ def test_a_queued_job_shows_its_position_and_reason_while_the_quota_is_full(cli:
         ("- name: ok\n", 2, "job.yaml: a job spec is a mapping of fields"),
         ("name: ok\ncommand: x\npriority: 5000\n", 2, "priority: Ensure this value is less than or equal to 1000."),
         ("name: ok\ncommand: x\nworkspace: nowhere\n", 2, "workspace: Object with name=nowhere does not exist."),
+        (  # the API's words, and the pages' (tests/web/test_form_refusals.py)
+            "name: ok\ncommand: x\ngpus: 0.3\nworkspace: demo\n",
+            2,
+            "gpus: 0.3 GPUs: a share of one device is 0.25, 0.333, 0.5, 0.667 or 0.75 (or 0 for no GPU, or a whole "
+            "number of devices).",
+        ),
         (
             "name: ok\ncommand: x\ngpus: 16\nworkspace: demo\n",
             1,
@@ -205,7 +211,7 @@ def test_a_bad_spec_is_refused_with_a_message_naming_the_field(
 def test_it_lists_profiles_and_jobs_as_tables_and_json(cli: Run) -> None:
     profiles = cli("profiles")
     assert profiles.returncode == 0
-    assert re.search(r"^gpu-1\s+1 x h100, 8 CPU, 64 GB\s+One H100$", profiles.stdout, re.M)
+    assert re.search(r"^gpu-1\s+1 × H100, 8 CPU, 64 GB\s+One H100$", profiles.stdout, re.M)
     assert re.search(r"^minimal\s+quay.io/jupyter/minimal-notebook", profiles.stdout, re.M)
     data = json.loads(cli("profiles", "--json").stdout)
     assert {p["name"] for p in data["notebook"]} == {"minimal", "data-science", "spark", "tensorflow"}

@@ -75,9 +75,10 @@ def test_the_queue_lists_a_ray_cluster_beside_the_jobs_with_its_kind(cli: Run, q
     assert table.returncode == 0, table.stderr
     assert re.match(r"Pos\s+In workspace\s+ID\s+Name\s+Workspace\s+GPUs\s+Kind\s+Estimated start\s+Waiting because\n",
                     table.stdout), table.stdout  # fmt: skip
-    cluster_row = rf"^\d+\s+\d\s+{queued.cluster}\s+every\s+demo\s+2 x 0.5 h100\s+raycluster\s+.*{WAITING}$"
+    shared = "0.5 × H100 on each of 2 replicas"
+    cluster_row = rf"^\d+\s+\d\s+{queued.cluster}\s+every\s+demo\s+{shared}\s+raycluster\s+.*{WAITING}$"
     assert re.search(cluster_row, table.stdout, re.M), table.stdout
-    assert re.search(rf"^\d+\s+\d\s+{queued.job}\s+waiter\s+demo\s+1 h100\s+job\s+.*{WAITING}$", table.stdout, re.M)
+    assert re.search(rf"^\d+\s+\d\s+{queued.job}\s+waiter\s+demo\s+1 × H100\s+job\s+.*{WAITING}$", table.stdout, re.M)
 
     listed = json.loads(cli("queue", "--json").stdout)  # every workspace of mine
     assert {(w["id"], w["kind"]) for w in listed} >= {(queued.cluster, "raycluster"), (queued.job, "job")}
@@ -94,15 +95,15 @@ def test_ls_lists_every_kind_with_a_kind_column_and_jobs_alone_by_default(cli: R
     every = cli("ls", "--kind", "all", "-w", "demo")
     assert every.returncode == 0, every.stderr
     assert re.match(r"ID\s+Kind\s+Name\s+Workspace\s+GPUs\s+State\s+Queue / running for\n", every.stdout)
-    row = rf"^{queued.cluster}\s+raycluster\s+every\s+demo\s+2 x 0.5 h100\s+QUEUED\s+#\d {WAITING}$"
+    row = rf"^{queued.cluster}\s+raycluster\s+every\s+demo\s+0.5 × H100 on each of 2 replicas\s+QUEUED\s+#\d {WAITING}$"
     assert re.search(row, every.stdout, re.M), every.stdout
-    assert re.search(r"^\d+\s+job\s+hog\s+demo\s+1 h100\s+RUNNING\s+\d+:\d\d:\d\d$", every.stdout, re.M)
+    assert re.search(r"^\d+\s+job\s+hog\s+demo\s+1 × H100\s+RUNNING\s+\d+:\d\d:\d\d$", every.stdout, re.M)
     clusters = json.loads(cli("ls", "-w", "demo", "-k", "raycluster", "--state", "QUEUED", "--json").stdout)
     assert [(w["id"], w["kind"], w["state"]) for w in clusters] == [(queued.cluster, "raycluster", "QUEUED")]
 
     jobs = cli("ls", "-w", "demo").stdout  # as before: jobs, in the job table
     assert re.match(r"ID\s+Name\s+Workspace\s+GPUs\s+State\s+Queue / running for\n", jobs), jobs
-    assert re.search(rf"^{queued.job}\s+waiter\s+demo\s+1 h100\s+QUEUED\s+#\d {WAITING}$", jobs, re.M), jobs
+    assert re.search(rf"^{queued.job}\s+waiter\s+demo\s+1 × H100\s+QUEUED\s+#\d {WAITING}$", jobs, re.M), jobs
     assert not re.search(rf"^{queued.cluster}\s", jobs, re.M) and "every" not in jobs
 
     refused = cli("ls", "--kind", "rays")

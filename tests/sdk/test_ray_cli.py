@@ -43,7 +43,8 @@ def test_clusters_are_created_listed_shown_waited_for_and_deleted(
     _queued(held, cluster_id)
 
     listing = cli("clusters", "ls", "-w", "demo")
-    row = rf"^{cluster_id}\s+cli-ray\s+demo\s+no GPU, 1 CPU, 2 GB\s+2 x 0.5 h100, 2 CPU, 3 GB\s+QUEUED\s+#1 {WAITING}$"
+    workers = r"2 × \(0.5 × H100, 2 CPU, 3 GB\)"
+    row = rf"^{cluster_id}\s+cli-ray\s+demo\s+no GPU, 1 CPU, 2 GB\s+{workers}\s+QUEUED\s+#1 {WAITING}$"
     assert re.search(row, listing.stdout, re.M), listing.stdout
     shown = cli("clusters", "show", str(cluster_id))
     assert f"Waiting because:  {WAITING}" in shown.stdout and "Queue position:   1 in its workspace" in shown.stdout

@@ -33,7 +33,8 @@ def test_jobs_from_keywords_a_dict_and_a_yaml_file_run_and_give_back_logs_and_ar
         replicas=2,
         artifacts=["out"],
     )
-    assert (gang.gpu_type, gang.replicas, gang.gpus) == ("h100", 2, "2 x 1 h100")  # the workspace's only type
+    # h100: the workspace's only type
+    assert (gang.gpu_type, gang.replicas, gang.gpus) == ("h100", 2, "1 × H100 on each of 2 replicas")
     failing = portal_client.jobs.submit({"name": "fails", "workspace": "demo-team", "command": "exit 4"})
     (tmp_path / "hello.sh").write_text("echo hello from $PORTAL_JOB_KEY\n")
     (tmp_path / "hello.yaml").write_text("workspace: demo-team\nscript: hello.sh\n")
@@ -55,7 +56,7 @@ def test_jobs_from_keywords_a_dict_and_a_yaml_file_run_and_give_back_logs_and_ar
 
     assert repr(gang) == f"<Job {gang.id} gang SUCCEEDED exit code 0>"
     html = gang._repr_html_()
-    assert "SUCCEEDED" in html and "2 x 1 h100" in html and "out/rank-0.txt" in html
+    assert "SUCCEEDED" in html and "1 × H100 on each of 2 replicas" in html and "out/rank-0.txt" in html
     listed = portal_client.jobs.list("demo-team", state="SUCCEEDED")
     assert gang.id in [job.id for job in listed]
     assert "<table>" in listed._repr_html_()

@@ -9,6 +9,8 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from apps import sizes
+
 register = template.Library()
 
 # The tone of each state's badge: what the user should feel about it at a glance.
@@ -27,23 +29,19 @@ def tone(state: str) -> str:
 @register.filter
 def gpus(value: Decimal | float | int | None) -> str:
     """2.00 -> "2", 0.25 -> "0.25"."""
-    if value is None:
-        return "0"
-    number = Decimal(str(value)).normalize()
-    return f"{number:f}"
+    return sizes.gpus_text(value)
 
 
 @register.filter
 def gpus_of(count: Decimal | float | int | None, gpu_type: str | None) -> str:
     """How many GPUs of which type, the one way pages say it: (1, "h100") -> "1 × H100"."""
-    return f"{gpus(count)} × {(gpu_type or 'GPU').upper()}"
+    return sizes.gpus_of(count, gpu_type)
 
 
 @register.filter
 def size(profile: Any) -> str:
     """A compute profile's size: "1 × H100, 8 CPU, 64 GB" ("2 CPU, 8 GB" without GPUs)."""
-    held = f"{gpus_of(profile.gpu_count, profile.gpu_type)}, " if profile.gpu_count else ""
-    return f"{held}{profile.cpu_cores} CPU, {profile.memory_gb} GB"
+    return str(profile.size_label)
 
 
 @register.filter
@@ -108,3 +106,38 @@ def nav_section(context: dict[str, Any]) -> str:
     if name in SECTIONS:
         return SECTIONS[name]
     return name.split("-")[0].rstrip("s") + "s"
+
+
+# What each step of a start is called on a workload's page (apps/workloads/progress.py).
+STEP_LABELS = {
+    "queued": "Waiting",
+    "environment": "Python environment",
+    "starting": "Starting",
+    "answering": "Waiting for an answer",
+}
+
+
+@register.filter
+def start_progress(workload: Any) -> dict[str, Any]:
+    """A workload's start as its page shows it: its steps (each with a ``label`` and, once ended,
+    how long it ``took``), whether one is still under way (``open``) and how long the whole start
+    took once it ended (``took``)."""
+    from apps.workloads.api import start_steps
+
+    steps = start_steps(workload)
+    for step in steps:
+        step["label"] = STEP_LABELS.get(step["step"], step["step"].title())
+        ended = step["ended_at"]
+        step["took"] = _seconds((ended - step["started_at"]).total_seconds()) if ended else ""
+        step["usually"] = _seconds(step["expected_s"]) if step.get("expected_s") is not None else ""
+    open_ = bool(steps) and steps[-1]["ended_at"] is None
+    took = "" if open_ or not steps else _seconds((steps[-1]["ended_at"] - steps[0]["started_at"]).total_seconds())
+    return {"steps": steps, "open": open_, "took": took}
+
+
+def _seconds(value: float) -> str:
+    """A step's length: "0.4 s", "12 s", "2 min 39 s"."""
+    if value < 10:
+        return f"{max(value, 0):.1f} s"
+    minutes, seconds = divmod(int(round(value)), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"

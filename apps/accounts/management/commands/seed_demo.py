@@ -1,12 +1,16 @@
+import os
 import secrets
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from apps.accounts import oidc
 from apps.catalog.models import ComputeProfile, InferenceProfile, NotebookProfile
 from apps.inventory.actions import do_sync_local_cluster
 from apps.workspaces.actions import ensure_private_workspace
@@ -60,6 +64,49 @@ NOTEBOOK_PROFILES = [
 ]  # fmt: skip
 
 
+def login_lines(logins: list[tuple[str, str | None]]) -> list[str]:
+    """What the start prints about signing in: each demo account's password until its first
+    sign-in, and with single sign-on on, that it is on and which accounts still have a password."""
+    lines = []
+    if oidc.enabled():
+        name = settings.PORTAL_OIDC_PROVIDER_NAME
+        lines.append(f"Sign-in: single sign-on through {name} ({settings.PORTAL_OIDC_ISSUER}) is on.")
+        keeper = settings.PORTAL_BREAK_GLASS_ADMIN
+        if keeper:
+            lines.append(f"Passwords: only {keeper} (PORTAL_BREAK_GLASS_ADMIN) still signs in with one.")
+        else:
+            lines.append("Passwords: off for every account (set PORTAL_BREAK_GLASS_ADMIN to keep one).")
+    for username, password in logins:
+        if not oidc.passwords_allowed_for(username):
+            lines.append(f"Login: {username} through single sign-on only (its password is off)")
+        elif password:
+            lines.append(f"Login: {username} / {password}  (the same on every start until first sign-in)")
+        else:
+            lines.append(f"Login: {username} (password unchanged since first sign-in)")
+    return lines
+
+
+def _password_file(username: str) -> Path:
+    """Where a demo account's password waits for its first sign-in: the data directory, readable
+    by the portal's account alone."""
+    return Path(settings.DATA_DIR) / "demo_passwords" / username
+
+
+def _read_private(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+
+
 class Command(BaseCommand):
     help = "Seed the demo: an admin, a demo team and user, profiles, the local cluster. Safe to run again."
 
@@ -77,25 +124,28 @@ class Command(BaseCommand):
         cluster = do_sync_local_cluster()
         gpus = sum(node.gpus.count() for pool in cluster.pools.all() for node in pool.nodes.all())
         self.stdout.write(f"Local cluster: {gpus} GPUs")
-        for username, password in logins:
-            if quiet_passwords:
-                continue
-            if password:
-                self.stdout.write(f"Login: {username} / {password}  (one-time: shown until first sign-in)")
-            else:
-                self.stdout.write(f"Login: {username} (password unchanged since it was first used)")
+        if not quiet_passwords:
+            for line in login_lines(logins):
+                self.stdout.write(line)
 
     def _user(self, username: str, *, staff: bool) -> tuple[str, str | None]:
-        """Create the user, or give a never-used account a fresh password to print."""
+        """Create the user, or give a never-used account its password to print: the one printed
+        before while it still signs the account in, so that every start shows the same one until
+        the account's first sign-in (then it is forgotten)."""
         User = get_user_model()
         user, created = User.objects.get_or_create(
             username=username, defaults={"is_staff": staff, "is_superuser": staff, "email": f"{username}@localhost"}
         )
+        kept = _password_file(username)
         if not created and user.last_login is not None:
+            kept.unlink(missing_ok=True)
             return username, None
-        password = secrets.token_urlsafe(12)
-        user.set_password(password)
-        user.save()
+        password = _read_private(kept)
+        if created or not password or not user.check_password(password):
+            password = secrets.token_urlsafe(12)
+            user.set_password(password)
+            user.save()
+            _write_private(kept, password)
         ensure_private_workspace(user)
         return username, password
 
