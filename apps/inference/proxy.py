@@ -142,12 +142,13 @@ def caller(request: HttpRequest, endpoint: Endpoint) -> Any:
             raise Refused(401, "Invalid token.")
     except AuthenticationFailed as refused:
         raise Refused(401, str(refused.detail)) from refused
-    visible = restrict(Endpoint.objects.filter(pk=endpoint.pk), user, VIEW).exists()
-    if not visible:
+    # Who may call it may see it too: one query for the usual caller, a second only to tell a viewer
+    # (403) from a stranger (404).
+    if restrict(Endpoint.objects.filter(pk=endpoint.pk), user, USE).exists():
+        return user
+    if not restrict(Endpoint.objects.filter(pk=endpoint.pk), user, VIEW).exists():
         raise Refused(404, NO_SUCH_ENDPOINT)
-    if not restrict(Endpoint.objects.filter(pk=endpoint.pk), user, USE).exists():
-        raise Refused(403, f"Viewers of {endpoint.workspace.name} can see its endpoints, not call them.")
-    return user
+    raise Refused(403, f"Viewers of {endpoint.workspace.name} can see its endpoints, not call them.")
 
 
 # -- the process's view of its traffic -----------------------------------------------------------

@@ -279,3 +279,24 @@ def test_a_client_cannot_hold_every_thread_waiting_and_a_cold_endpoint_says_when
     full = client.post("/v1/chat/completions", body, content_type="application/json", headers=headers)
     assert full.status_code == 429 and full["Retry-After"] == "5"
     assert f"{proxy.MAX_WAITING} requests waiting" in full.json()["error"]["message"]
+
+
+def test_a_callers_access_is_one_query_for_a_member_and_a_second_only_to_tell_a_viewer_from_a_stranger(
+    world: World,
+) -> None:
+    from django.db import connection
+    from django.test.client import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    made = endpoint(world.team_a, world.alice, cpu_profile())
+    counted: dict[str, int] = {}
+    for name, user, refused in (("member", world.bob, None), ("viewer", world.victor, 403),
+                                ("stranger", world.charlie, 404)):  # fmt: skip
+        request = RequestFactory().post("/v1/chat/completions", HTTP_AUTHORIZATION=f"Bearer {api_token(user)}")
+        with CaptureQueriesContext(connection) as queries:
+            try:
+                assert proxy.caller(request, made) == user and refused is None
+            except proxy.Refused as refusal:
+                assert refusal.status == refused
+        counted[name] = len(queries)
+    assert counted["member"] == counted["viewer"] - 1 == counted["stranger"] - 1
