@@ -564,10 +564,17 @@ PORTAL_LOG_MAX_MB = env_int("PORTAL_LOG_MAX_MB", 100, minimum=1, maximum=1 << 20
 # (machines sharing accounts, as Slurm's nodes do, must agree on it); unset, the first free one is taken.
 # The range must be reserved for the portal on every machine that runs its work.
 PORTAL_WORKSPACE_UID_MIN = env_int("PORTAL_WORKSPACE_UID_MIN", 200000, minimum=1000, maximum=2**31 - 2)
-PORTAL_WORKSPACE_UID_MAX = env_int("PORTAL_WORKSPACE_UID_MAX", 299999, minimum=1001, maximum=2**31 - 1)
+PORTAL_WORKSPACE_UID_MAX = env_int("PORTAL_WORKSPACE_UID_MAX", 10_199_999, minimum=1001, maximum=2**31 - 1)
 if PORTAL_WORKSPACE_UID_MAX <= PORTAL_WORKSPACE_UID_MIN:
     raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_MAX must be greater than PORTAL_WORKSPACE_UID_MIN.")
-PORTAL_WORKSPACE_UID_BLOCK_SIZE = env_int("PORTAL_WORKSPACE_UID_BLOCK_SIZE", 10000, minimum=100, maximum=2**30)
+# A hundred installations of up to 100,000 workspaces each by default; a narrower range set by hand
+# (200000-299999 in earlier releases) is one block.
+PORTAL_WORKSPACE_UID_BLOCK_SIZE = env_int(
+    "PORTAL_WORKSPACE_UID_BLOCK_SIZE",
+    min(100_000, PORTAL_WORKSPACE_UID_MAX - PORTAL_WORKSPACE_UID_MIN + 1),
+    minimum=100,
+    maximum=2**30,
+)
 if PORTAL_WORKSPACE_UID_BLOCK_SIZE > PORTAL_WORKSPACE_UID_MAX - PORTAL_WORKSPACE_UID_MIN + 1:
     raise ImproperlyConfigured("PORTAL_WORKSPACE_UID_BLOCK_SIZE must fit in PORTAL_WORKSPACE_UID_MIN..MAX.")
 PORTAL_WORKSPACE_UID_BLOCK: int | None = (

@@ -21,7 +21,7 @@ os.environ["PORTAL_DISK_IMAGE_DIR"] = str(DISK_IMAGE_DIR)
 # Each portal a test starts in a data directory of its own holds a block of workspace uids in the
 # machine's registry (workers/backends/uidblocks.py) until that directory is deleted: a range of a
 # thousand blocks, so that the directories pytest keeps from earlier runs never use them all up.
-os.environ.setdefault("PORTAL_WORKSPACE_UID_MAX", str(200_000 + 1000 * 10_000 - 1))
+os.environ.setdefault("PORTAL_WORKSPACE_UID_MAX", str(200_000 + 1000 * 100_000 - 1))
 # The portals the tests start build no environment ahead of their starts (every published profile's,
 # some of them large); the tests of that build ask for it (tests/workloads/test_start_progress.py).
 os.environ["PORTAL_PREBUILD_ENVIRONMENTS"] = "0"

@@ -99,4 +99,5 @@ def test_portals_sharing_a_redis_database_each_take_their_own_keys() -> None:
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         seen.append(json.loads(result.stdout.strip().splitlines()[-1]))
-    assert seen == [[{}, "asgi"], [{"global_keyprefix": "gw1:"}, "gw1:asgi"]]
+    timeout = {"visibility_timeout": 1800}  # see docs/operations.md, "Rolling restart"
+    assert seen == [[timeout, "asgi"], [{**timeout, "global_keyprefix": "gw1:"}, "gw1:asgi"]]

@@ -124,7 +124,7 @@ class NodeSerializer(StrictModelSerializer):
         choices=["", "cordoned", "draining", "drained"], read_only=True,
         help_text="The portal's maintenance of the node ('' : in service), apart from the `state` its cluster reports.",
     )  # fmt: skip
-    cordoned_by = serializers.CharField(source="cordoned_by.username", read_only=True, default=None,
+    cordoned_by = serializers.CharField(source="cordoned_by.username", read_only=True, default=None, allow_null=True,
                                         help_text="The admin who cordoned it (shown to admins only).")  # fmt: skip
 
     class Meta:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,14 +14,21 @@ from rest_framework.views import APIView
 
 from apps.api.strict import StrictSerializer
 from apps.api.views import IsPlatformAdmin
+from apps.errors import RULE
 from apps.manifests.engine import MAX_DOCUMENTS, apply_documents, export_documents
 from apps.manifests.kinds import API_VERSION, Context
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ManifestField(serializers.JSONField):
+    """A document is an object; anything else sent is still taken, to be refused naming its file and
+    position (as every other document's refusal is) rather than as a malformed request."""
 
 
 class DocumentSerializer(StrictSerializer):
     source = serializers.CharField(max_length=500, required=False, help_text="The file the document came from.")
     index = serializers.IntegerField(min_value=1, required=False, help_text="Its position in that file, from 1.")
-    manifest = serializers.JSONField(help_text="The document: apiVersion, kind, metadata.name, spec.")
+    manifest = ManifestField(help_text="The document: apiVersion, kind, metadata.name, spec.")
 
 
 class ApplySerializer(StrictSerializer):
@@ -32,7 +39,7 @@ class ApplySerializer(StrictSerializer):
     )
 
 
-CHANGE = inline_serializer("ManifestResult", {
+CHANGE = inline_serializer("ManifestResult", many=True, fields={
     "source": serializers.CharField(allow_null=True), "index": serializers.IntegerField(allow_null=True),
     "kind": serializers.CharField(), "name": serializers.CharField(),
     "action": serializers.ChoiceField(["created", "changed", "unchanged", "deleted"]),
@@ -69,8 +76,11 @@ class ManifestsView(APIView):
             problems = [p.as_dict() for p in outcome.problems]
             count = len(problems)
             message = problems[0]["text"] + (f" (and {count - 1} more)" if count > 1 else "")
+            # A document's refusal is its kind's rule (the schema says only that a manifest is an
+            # object), coded as the API's other refusals by rule are.
             error = {"status": 400, "code": "invalid", "message": message,
-                     "fields": {"documents": [p["text"] for p in problems]}, "problems": problems}  # fmt: skip
+                     "fields": {"documents": [p["text"] for p in problems]},
+                     "field_codes": {"documents": [RULE] * count}, "problems": problems}  # fmt: skip
             return Response({"error": error}, status=400)
         return Response(plan(outcome.results, dry_run=data["dry_run"], applied=outcome.applied))
 

@@ -244,7 +244,7 @@ def maintenance() -> None:
     the start and back at the end."""
 
 
-@maintenance.command("list")
+@maintenance.command("list", epilog=examples("gpuportal admin maintenance list --cluster slurm"))
 @click.option("--cluster", help="Only this cluster's windows.")
 @json_option
 def maintenance_list(cluster: str | None, as_json: bool) -> None:
@@ -258,7 +258,10 @@ def maintenance_list(cluster: str | None, as_json: bool) -> None:
                 for w in windows])  # fmt: skip
 
 
-@maintenance.command("announce")
+@maintenance.command("announce", epilog=examples(
+    'gpuportal admin maintenance announce slurm --node node3 --start 2026-12-01T08:00Z --end 2026-12-01T12:00Z '
+    '--reason "firmware"',
+))  # fmt: skip
 @click.argument("cluster")
 @click.option("--node", "nodes", multiple=True, help="A node of the cluster (repeat; none: all of them).")
 @click.option("--start", required=True, help="When it begins (ISO 8601; without a zone, this machine's time).")
@@ -279,7 +282,7 @@ def maintenance_announce(
         click.echo(f"Maintenance window {window['id']} announced; work affected in: {told}.")
 
 
-@maintenance.command("withdraw")
+@maintenance.command("withdraw", epilog=examples("gpuportal admin maintenance withdraw 4"))
 @click.argument("window_id", type=int)
 def maintenance_withdraw(window_id: int) -> None:
     """Withdraw a window; one under way ends at once and its nodes come back."""
