@@ -98,6 +98,26 @@ class _Placeable:
                 whole[id(node)] = after
                 self.places[id(pool)] += after // count - before // count
 
+    def take(self, running: RunningWork) -> None:
+        """Count `running`'s devices, given back (`give`), as held again."""
+        pool = running.pool
+        if pool is None or id(pool) not in self.places:
+            return
+        count, free, whole = self.count, self.free, self.whole
+        for node, devices in running.held:
+            if node.name in pool.held:
+                continue
+            before = after = whole.get(id(node), node.whole)
+            for position, units in devices:
+                device = (id(node), position)
+                left = free[device]
+                free[device] = left - units
+                if left == UNIT:
+                    after -= 1
+            if after != before:
+                whole[id(node)] = after
+                self.places[id(pool)] += after // count - before // count
+
 
 class RunningWork(Protocol):
     """A running workload as the engine keeps it: what it holds, and where."""
@@ -178,11 +198,15 @@ class Preemption:
         if any(s <= share and r <= replicas and b == borrowers for s, r, b in self.failed.get(search, ())):
             return []
         everyone = self.victims(workload, now, spared)
-        victims = self._within(everyone, budget)[: self.policy.max_victims]
+        victims = self._within(everyone, budget, self.policy.max_victims)
         needed = self._fewest_that_fit(workload, victims) if victims else None
         if needed is None:  # the cheapest few cannot: choose node by node
             chosen = []
-            if victims and (not self._monotone(workload, everyone) or self._quota_fits_without(workload, everyone)):
+            if (
+                victims
+                and (not self._monotone(workload, everyone) or self._quota_fits_without(workload, everyone))
+                and self._may_place_without(workload, everyone)
+            ):
                 chosen = self._minimal(workload, self.by_node(workload, everyone, budget))
             if not chosen:
                 self.failed[search].append((share, replicas, borrowers))
@@ -204,6 +228,12 @@ class Preemption:
         kept = list(chosen)
         if len(kept) < 2:
             return kept
+        counted = self._counted(workload)
+        if counted is not None:
+            for running in chosen:
+                counted.give(running)
+            if not counted.overfull:
+                return self._minimal_counted(workload, chosen, counted)
         for running in chosen:
             self._give_back(running)
         try:
@@ -220,6 +250,30 @@ class Preemption:
             for running in kept:
                 self._take_again(running)
 
+    def _minimal_counted(self, workload: Workload, chosen: list[RunningWork], counted: _Placeable) -> list[RunningWork]:
+        """`_minimal` for work whose devices are counted (`counted`, with every one of `chosen` given
+        back and no device overfull): each victim taken again in the count and in the ledger alone,
+        the pools left as they are."""
+        ledger, gpu_type, replicas = self.ledger, workload.gpu_type, workload.replicas
+        kept = list(chosen)  # given back, in the count and the ledger
+        for running in chosen:
+            ledger.add(running.workload.workspace, gpu_type, -running.units)
+        try:
+            for running in reversed(chosen):
+                if len(kept) < 2:
+                    break
+                counted.take(running)  # not evicted: does the workload still fit?
+                ledger.add(running.workload.workspace, gpu_type, running.units)
+                if counted.fits(replicas) and ledger.check(workload, workload.units)[0]:
+                    kept.remove(running)
+                else:
+                    counted.give(running)
+                    ledger.add(running.workload.workspace, gpu_type, -running.units)
+            return kept
+        finally:
+            for running in kept:
+                ledger.add(running.workload.workspace, gpu_type, running.units)
+
     def budget(self, workload: Workload) -> dict[str, int]:
         """What each other workspace uses above its nominal quota: its work may be evicted for
         `workload` while some of that is left (Kueue's reclaim rule)."""
@@ -231,13 +285,16 @@ class Preemption:
         }
 
     @staticmethod
-    def _within(victims: list[RunningWork], budget: Mapping[str, int]) -> list[RunningWork]:
+    def _within(victims: list[RunningWork], budget: Mapping[str, int], most: int | None = None) -> list[RunningWork]:
         """`victims` (cheapest first) less those of a workspace no longer above its nominal quota
-        once the cheaper ones are gone (every prefix keeps to the rule). Work of a workspace without
-        a budget (the workload's own, for priority) is not limited."""
+        once the cheaper ones are gone (every prefix keeps to the rule), the first `most` of them if
+        given (those that follow do not change which come first). Work of a workspace without a
+        budget (the workload's own, for priority) is not limited."""
         spent: dict[str, int] = {}  # of the budgets, by the victims kept so far (the budget is not copied)
-        kept = []
+        kept: list[RunningWork] = []
         for running in victims:
+            if len(kept) == most:
+                break
             ws = running.workload.workspace
             left = budget.get(ws)
             if left is not None:
@@ -266,8 +323,10 @@ class Preemption:
                 continue
             pools[id(running.pool)] = running.pool
             on_pool = on_node[id(running.pool)]
-            for held_node in {held_node for held_node, _ in running.held}:
-                on_pool[held_node].append(running)
+            for held_node, _ in running.held:
+                on_held = on_pool[held_node]
+                if not on_held or on_held[-1] is not running:  # once per node it holds devices on
+                    on_held.append(running)
         best: tuple[tuple[int, ...], list[RunningWork]] | None = None
         for pool_id, pool in pools.items():
             plans: list[tuple[tuple[int, int], list[RunningWork]]] = []
@@ -275,7 +334,7 @@ class Preemption:
             # The nodes with victims, and those with room already, in the pool's order (the others
             # have nothing to evict and not enough free).
             for node in sorted(on_pool.keys() | pool.roomy(share), key=pool.order.__getitem__):
-                plan = self._free_on(node, share, self._within(on_pool.get(node, []), budget))
+                plan = self._free_on(node, share, on_pool.get(node, []), budget)
                 if plan is not None:
                     plans.append(((len(plan), -node.whole), plan))
             plans.sort(key=lambda pair: pair[0])
@@ -310,7 +369,13 @@ class Preemption:
     def _fewest_more(self, workload: Workload, chosen: list[RunningWork], others: list[RunningWork]) -> int | None:
         """How many of `others`, cheapest first, must go too for `workload` to fit once `chosen` are
         gone (None if all of them do not do): a binary search (more victims never fit less) that
-        gives back and takes again only what changes between its checks."""
+        gives back and takes again only what changes between its checks. Where more victims never
+        let quota take the workload less (`_monotone`) and its devices are counted (`_counted`), quota
+        and devices are each asked for their shortest start, nothing given back to the pools."""
+        if not workload.more and self._monotone(workload, chosen + others):
+            counted = self._fewest_more_counted(workload, chosen, others)
+            if counted != -1:
+                return counted
         given = 0  # others[:given] are given back
 
         def move(to: int) -> None:
@@ -341,6 +406,40 @@ class Preemption:
             move(0)
             for running in chosen:
                 self._take_again(running)
+
+    def _fewest_more_counted(
+        self, workload: Workload, chosen: list[RunningWork], others: list[RunningWork]
+    ) -> int | None:
+        """`_fewest_more` by counting devices and asking the ledger alone, for work of one shape of
+        whole devices whose quota more victims never make refuse: the longer of the shortest start
+        of `others` that places it and that quota takes (None if all of them do not do); -1 where
+        devices cannot be counted. Every one of `others` is counted: the binary search it stands for
+        looks at any start of them, and with a device overfull (see `_Placeable`) in any, more
+        victims may place less."""
+        counted = self._counted(workload)
+        if counted is None:
+            return -1
+        replicas = workload.replicas
+        for running in chosen:
+            counted.give(running)
+        placed = 0 if counted.fits(replicas) else None  # the shortest start that places it
+        for at, running in enumerate(others, 1):
+            counted.give(running)
+            if placed is None and counted.fits(replicas):
+                placed = at
+        if counted.overfull:
+            return -1
+        if placed is None:
+            return None
+        ledger, gpu_type = self.ledger, workload.gpu_type
+        for running in chosen:
+            ledger.add(running.workload.workspace, gpu_type, -running.units)
+        try:
+            quota = self._fewest_for_quota(workload, others)
+        finally:
+            for running in chosen:
+                ledger.add(running.workload.workspace, gpu_type, running.units)
+        return None if quota is None else max(quota, placed)
 
     @staticmethod
     def _together(
@@ -373,13 +472,15 @@ class Preemption:
         return True
 
     @staticmethod
-    def _free_on(node: PoolNode, share: int, victims: list[RunningWork]) -> list[RunningWork] | None:
-        """The cheapest of `victims` whose eviction frees a replica of `share` thousandths on `node`
-        (what they hold there given back): that many whole devices, or for a fraction one device
-        whose free share reaches it, choosing the device that takes the fewest victims; None if
-        all of them do not."""
+    def _free_on(
+        node: PoolNode, share: int, victims: list[RunningWork], budget: Mapping[str, int]
+    ) -> list[RunningWork] | None:
+        """The cheapest of `victims` (those `_within` their `budget` keeps) whose eviction frees a
+        replica of `share` thousandths on `node` (what they hold there given back): that many whole
+        devices, or for a fraction one device whose free share reaches it, choosing the device that
+        takes the fewest victims; None if all of them do not."""
         if share < UNIT:
-            return Preemption._free_share_on(node, share, victims)
+            return Preemption._free_share_on(node, share, Preemption._within(victims, budget))
         count = share // UNIT
         free = node.free
         whole = sum(1 for f in free if f >= UNIT)  # whole free devices, counted as victims free more
@@ -387,7 +488,15 @@ class Preemption:
             return []
         freed: dict[int, int] = {}  # per device position, what the victims so far hold there
         plan: list[RunningWork] = []
+        spent: dict[str, int] = {}  # of the budgets, by the victims in the plan (as `_within`)
         for running in victims:
+            ws = running.workload.workspace
+            left = budget.get(ws)
+            if left is not None:
+                so_far = spent.get(ws, 0)
+                if left - so_far <= 0:
+                    continue
+                spent[ws] = so_far + running.units
             plan.append(running)
             for held_node, devices in running.held:
                 if held_node is node:
@@ -614,6 +723,20 @@ class Preemption:
             if counted.fits(workload.replicas):
                 return at
         return -1
+
+    def _may_place_without(self, workload: Workload, victims: list[RunningWork]) -> bool:
+        """False where counting (`_Placeable`) shows that `workload`'s devices are not found even with
+        every one of `victims` gone: then no choice among them places it, and a search node by node
+        finds nothing. True where they may be, or where the count cannot tell (work placed to find out)."""
+        counted = self._counted(workload)
+        if counted is None:
+            return True
+        replicas = workload.replicas
+        for running in victims:
+            counted.give(running)
+            if counted.overfull or counted.fits(replicas):
+                return True
+        return counted.fits(replicas)
 
     def _fits_without_counted(self, workload: Workload, victims: list[RunningWork]) -> bool | None:
         """`fits_without` by counting, nothing given back; None for work that is placed to find out."""
