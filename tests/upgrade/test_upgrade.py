@@ -49,11 +49,21 @@ def _git(*args: str, **options: Any) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False, **options)
 
 
+def have_commit(commit: str) -> bool:
+    """Whether this clone has `commit`; a shallow clone first fetches the rest of its history from
+    where it was cloned (when that is reachable)."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode == 0:
+        return True
+    if _git("rev-parse", "--is-shallow-repository", text=True).stdout.strip() == "true":
+        _git("fetch", "--quiet", "--unshallow", timeout=300)
+    return _git("cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+
+
 @pytest.fixture(scope="module")
 def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's files, from this clone's history."""
     commit = previous_release()
-    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+    if not have_commit(commit):
         pytest.fail(
             f"deploy/previous-release names {commit}, which this clone does not have: the upgrade test needs "
             "the repository's history (in CI, check out with full history, e.g. fetch-depth: 0)."
@@ -220,6 +230,7 @@ _MIGRATION = re.compile(r"^apps/(?P<app>\w+)/migrations/(?P<name>\d{4}_\w+)\.py$
 
 def new_migrations() -> list[tuple[str, str]]:
     """(app, name) of every migration in this tree that the previous release does not have."""
+    have_commit(previous_release())
     listed = _git("ls-tree", "-r", "--name-only", previous_release(), "--", "apps", text=True)
     assert listed.returncode == 0, f"deploy/previous-release's commit is not in this clone: {listed.stderr}"
     old = set(listed.stdout.split())
