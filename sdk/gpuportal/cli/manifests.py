@@ -182,18 +182,25 @@ def prune_option(func: Any) -> Any:
 def apply(paths: tuple[str, ...], prune: bool, dry_run: bool, as_json: bool) -> None:
     """Apply manifests (platform admins): create, change and, with --prune, delete what they say, in
     one transaction; nothing is applied if any document is refused."""
+    _send(paths, prune=prune, dry_run=dry_run, as_json=as_json, failed=EXIT_ERROR)
+
+
+def _send(paths: tuple[str, ...], *, prune: bool, dry_run: bool, as_json: bool, failed: int) -> dict[str, Any]:
+    """Read the files, send their documents, print the plan; exit with `failed` when a file cannot be
+    read or the portal refuses a document."""
     try:
         documents = read_documents(paths)
     except (ManifestError, OSError) as exc:
-        unreadable(exc, EXIT_ERROR)
+        unreadable(exc, failed)
     try:
-        answer = portal().apply_manifests(documents, dry_run=dry_run, prune=prune)
+        answer: dict[str, Any] = portal().apply_manifests(documents, dry_run=dry_run, prune=prune)
     except GPUPortalError as exc:
-        refused(exc, EXIT_ERROR)
+        refused(exc, failed)
     if as_json:
         print_json(answer)
     else:
         print_plan(answer, unchanged=False)
+    return answer
 
 
 @cli.command(epilog=examples("gpuportal diff -f platform/", "gpuportal diff -f platform/ --prune"))  # fmt: skip
@@ -203,18 +210,7 @@ def apply(paths: tuple[str, ...], prune: bool, dry_run: bool, as_json: bool) -> 
 def diff(paths: tuple[str, ...], prune: bool, as_json: bool) -> None:
     """What applying the manifests would change, field by field; writes nothing. Exit code 0: no
     differences, 1: differences, 2: an error."""
-    try:
-        documents = read_documents(paths)
-    except (ManifestError, OSError) as exc:
-        unreadable(exc, EXIT_DIFF_ERROR)
-    try:
-        answer = portal().apply_manifests(documents, dry_run=True, prune=prune)
-    except GPUPortalError as exc:
-        refused(exc, EXIT_DIFF_ERROR)
-    if as_json:
-        print_json(answer)
-    else:
-        print_plan(answer, unchanged=False)
+    answer = _send(paths, prune=prune, dry_run=True, as_json=as_json, failed=EXIT_DIFF_ERROR)
     if any(doc["action"] != "unchanged" for doc in answer["documents"]):
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
