@@ -45,6 +45,7 @@ LOG_DIR=/var/log/slurm
 RUN_DIR=/run/slurm
 FAKEGPU_DIR=$STATE_DIR/fakegpu
 JWT_KEY=$STATE_DIR/jwt_hs256.key
+FIRST_JOB_ID_FILE=$STATE_DIR/first-job-id # where slurmctld numbers jobs from (see continue_job_ids)
 DB_PASS_FILE=$STATE_DIR/slurmdbd.dbpass
 DB_NAME=slurm_acct_db
 DB_USER=slurm
@@ -281,8 +282,9 @@ prepare_files() {
 }
 
 write_configs() {
-  local host gres_lines node comm_params dbd_comm_params
+  local host gres_lines node comm_params dbd_comm_params first_job_id=""
   host="$(short_host)"
+  [ -s "$FIRST_JOB_ID_FILE" ] && first_job_id="FirstJobId=$(cat "$FIRST_JOB_ID_FILE")"
   # By default the daemons listen on every address (munge still authenticates every message).
   # Where the host name resolves to 127.0.0.1 they can be kept on loopback: they bind to the
   # address their host name resolves to, which would fail, or be another address, elsewhere.
@@ -327,6 +329,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
 AccountingStorageTRES=gres/gpu,gres/gpumem,gres/gpuutil
 JobCompType=jobcomp/none
+$first_job_id
 $comm_params
 SuspendProgram=$SUSPEND_PROGRAM
 ResumeProgram=$RESUME_PROGRAM
@@ -502,6 +505,22 @@ start_slurmdbd() {
   fi
 }
 
+# slurmctld started without its saved state numbers jobs from FirstJobId again, while the
+# accounting database keeps the jobs of the cluster it had before: `sacct -j ID` would answer for
+# an older job with the same id. Such a start numbers on from the highest id accounting holds.
+continue_job_ids() {
+  local highest
+  [ -e "$STATE_DIR/slurmctld/job_state" ] && return 0
+  pid_alive "$RUN_DIR/slurmctld.pid" slurmctld && return 0
+  highest="$("${MYSQL[@]}" -N -B -e "SELECT COALESCE(MAX(id_job), 0) FROM $DB_NAME.${CLUSTER}_job_table" 2>/dev/null)" ||
+    return 0 # no table yet: the first cluster of this name
+  [[ "$highest" =~ ^[0-9]+$ ]] && [ "$highest" -gt 0 ] || return 0
+  [ -s "$FIRST_JOB_ID_FILE" ] && [ "$(cat "$FIRST_JOB_ID_FILE")" -gt "$highest" ] && return 0
+  say "slurmctld has no saved state: numbering jobs from $((highest + 1)), after those accounting holds"
+  echo $((highest + 1)) >"$FIRST_JOB_ID_FILE"
+  write_configs
+}
+
 start_slurmctld() {
   slurmctld_ok && return 0
   say "starting slurmctld"
@@ -643,6 +662,7 @@ cmd_start() {
   ensure_mariadb
   start_munge
   start_slurmdbd
+  continue_job_ids
   start_slurmctld
   start_slurmds
   start_slurmrestd

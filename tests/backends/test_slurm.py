@@ -144,6 +144,41 @@ def test_failing_job_reports_its_exit_code(tmp_path: Path, make: Callable[[], Sl
     assert "3" in status.message
 
 
+def test_an_older_job_with_the_same_id_in_accounting_is_not_taken_for_the_job(
+    tmp_path: Path, backends: list[SlurmBackend]
+) -> None:
+    """Slurm numbers jobs from its first id again once its saved state is lost, and accounting keeps
+    the older jobs: ``sacct -j ID`` answers for the latest job with the id, an older one until the
+    new job's record reaches slurmdbd. The backend asks only for jobs submitted since its own."""
+    older = SlurmBackend(start_timeout_s=15)
+    backends.append(older)
+    older.start(spec(tmp_path, "older", "exit 3"))
+    assert wait_exit(older).exit_code == 3
+    sacct = tmp_path / "sacct"  # sacct over an accounting database that holds the older job under every id
+    sacct.write_text(
+        "#!/bin/bash\n"
+        'case " $* " in *" -S "*) exec sacct "$@" ;; esac\n'
+        'args=("$@")\n'
+        'for i in "${!args[@]}"; do\n'
+        '  [ "${args[$i]}" = -j ] && asked=${args[$((i + 1))]} && args[$((i + 1))]=OLDER\n'
+        "done\n"
+        'sacct "${args[@]}" | sed "s/^OLDER|/$asked|/"\n'.replace("OLDER", older.get_state()["job_id"])
+    )
+    sacct.chmod(0o755)
+    for polled_together in (False, True):
+        backend = SlurmBackend(start_timeout_s=15, sacct_path=str(sacct))
+        backends.append(backend)
+        backend.start(spec(tmp_path, f"newer-{polled_together}", "exit 0"))
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            with backend.polling([backend.get_state()]) if polled_together else contextlib.nullcontext():
+                status = backend.poll()
+            if not status.running or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert status == Status("exited", 0, "exited")
+
+
 def test_stop_cancels_and_leaves_squeue_empty(tmp_path: Path, make: Callable[[], SlurmBackend]) -> None:
     backend = make()
     command = 'trap "echo got TERM; exit 5" TERM; echo started; sleep 60 & wait'

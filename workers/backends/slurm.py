@@ -117,6 +117,10 @@ from workers.backends.slurm_ray import (
 
 #: How far back ``adopt()`` asks sacct for a job of a start that was never recorded.
 ADOPT_WINDOW = "now-30days"
+#: How much earlier than the portal's clock said a job was submitted sacct is asked about it from. A
+#: job id names another job once Slurm numbers from its first id again (its saved state was lost):
+#: sacct answers for the latest job with the id, an older one until the job's own record reaches it.
+SUBMIT_SLACK_S = 300
 #: In a job's ``.portal/``: the id of its job that the portal recorded or gave up (``adopt()`` skips it).
 SETTLED_FILE = "settled"
 #: In an inference replica's ``.portal/``: its server's settings and API key, as shell assignments.
@@ -775,8 +779,12 @@ class SlurmBackend(FileOutputs):
         answered for (sacct has no final record of it yet) is asked as ``poll()`` asks alone, and so is
         every job where squeue or sacct failed (logged). For a pass over many workloads: what it says
         is as old as the pass."""
-        job_ids = {str(state.get("job_id", "")) for state in states if state and not state.get("final")}
-        answers = self._query_jobs(sorted((j for j in job_ids if j.isdigit()), key=int))
+        polled_states = [state for state in states if state and not state.get("final")]
+        job_ids = {str(state.get("job_id", "")) for state in polled_states}
+        submitted = [state["submitted_at"] for state in polled_states if state.get("submitted_at")]
+        answers = self._query_jobs(
+            sorted((j for j in job_ids if j.isdigit()), key=int), min(submitted) if submitted else None
+        )
         polled = dict(_POLLED.get() or {})
         polled[self._commands()] = {**polled.get(self._commands(), {}), **answers}
         token = _POLLED.set(polled)
@@ -788,9 +796,10 @@ class SlurmBackend(FileOutputs):
     def _commands(self) -> tuple[str, str]:
         return self.squeue_path, self.sacct_path
 
-    def _query_jobs(self, job_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    def _query_jobs(self, job_ids: list[str], submitted_at: float | None = None) -> dict[str, tuple[str, ...]]:
         """What one squeue, then one sacct of those it does not list live, say of ``job_ids`` (see
-        ``_POLLED``); those sacct has no final record of yet are left out, and all where a command failed."""
+        ``_POLLED``), submitted from ``submitted_at`` on; those sacct has no final record of yet are left
+        out, and all where a command failed."""
         if not job_ids:
             return {}
         answers: dict[str, tuple[str, ...]] = {}
@@ -809,7 +818,8 @@ class SlurmBackend(FileOutputs):
         ended = {job_id for job_id in job_ids if job_id not in answers}
         if not ended:
             return answers
-        argv = [self.sacct_path, "-j", ",".join(sorted(ended, key=int)), "-X", "-n", "-P", "-o", "JobID,State,ExitCode"]
+        argv = [self.sacct_path, "-j", ",".join(sorted(ended, key=int)), *_since(submitted_at)]
+        argv += ["-X", "-n", "-P", "-o", "JobID,State,ExitCode"]
         try:
             recorded = self._run(argv)
         except BackendError as exc:
@@ -828,7 +838,8 @@ class SlurmBackend(FileOutputs):
 
     def _sacct_final(self) -> tuple[str, str]:
         """sacct's final ``State`` and ``ExitCode`` of the job, waited for: they reach it late."""
-        argv = [self.sacct_path, "-j", self._state["job_id"], "-X", "-n", "-P", "-o", "State,ExitCode"]
+        argv = [self.sacct_path, "-j", self._state["job_id"], *_since(self._state.get("submitted_at"))]
+        argv += ["-X", "-n", "-P", "-o", "State,ExitCode"]
         for attempt in range(self.sacct_retries):
             for line in self._run(argv).splitlines():
                 state, _, code = line.strip().partition("|")
@@ -920,6 +931,14 @@ class SlurmBackend(FileOutputs):
         if orphans:
             self._run([self.scancel_path, *orphans])
         return orphans
+
+
+def _since(submitted_at: float | None) -> list[str]:
+    """sacct's options for the jobs submitted from ``submitted_at`` on (less ``SUBMIT_SLACK_S``) alone:
+    none where the time is not known (a state recorded before it was)."""
+    if not submitted_at:
+        return []
+    return ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted_at - SUBMIT_SLACK_S))]
 
 
 def _job_state(
