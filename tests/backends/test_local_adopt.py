@@ -27,20 +27,25 @@ from workers.backends.local import LocalBackend
 REPO = Path(__file__).resolve().parents[2]
 
 # Starts a spec, prints the state it would have saved, and dies before saving it. With a rank to
-# die at, it dies as it is about to spawn that replica: a gang started in part.
+# die at, it dies as it is about to spawn that replica: a gang started in part. With a rank to die
+# after, it dies as soon as that replica is spawned, before the start's record names it.
 DOOMED_WORKER = r"""
 import json, os, signal, sys
 from workers.backends.base import InstanceSpec, JobSpec
 from workers.backends.local import LocalBackend
 
-kind, fields, settings, die_at_rank = json.loads(sys.argv[1])
+kind, fields, settings, die_at_rank, die_after_rank = json.loads(sys.argv[1])
 spawn = LocalBackend._spawn
 
 def spawn_or_die(self, spec, rank, *args):
     if rank == die_at_rank:
         print(json.dumps(self.get_state()), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    spawn(self, spec, rank, *args)
+    go = spawn(self, spec, rank, *args)
+    if rank == die_after_rank:
+        print(json.dumps(self.get_state()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return go
 
 LocalBackend._spawn = spawn_or_die
 backend = LocalBackend(**settings)
@@ -66,11 +71,13 @@ class Place:
         made.append(backend)
         return backend
 
-    def start_in_dying_worker(self, spec: JobSpec | InstanceSpec, die_at_rank: int | None = None) -> dict[str, Any]:
+    def start_in_dying_worker(
+        self, spec: JobSpec | InstanceSpec, die_at_rank: int | None = None, die_after_rank: int | None = None
+    ) -> dict[str, Any]:
         """Start ``spec`` in a worker killed before it records the start; the state it never saved."""
         kind = "instance" if isinstance(spec, InstanceSpec) else "job"
         settings = {"teardown_grace_s": 1.0, "owner": str(self.owner), "run_dir": str(self.run_dir)}
-        argument = json.dumps([kind, dataclasses.asdict(spec), settings, die_at_rank])
+        argument = json.dumps([kind, dataclasses.asdict(spec), settings, die_at_rank, die_after_rank])
         worker = subprocess.run(
             [sys.executable, "-c", DOOMED_WORKER, argument], cwd=REPO, capture_output=True, text=True, timeout=30
         )
@@ -187,6 +194,21 @@ def test_a_gang_started_in_part_is_stopped_not_adopted(place: Place, made: list[
     assert backend.get_state() == {}
     assert group_members(pgids(lost)[0]) == []  # the start that follows runs the gang alone
     assert place.backend(made).adopt(spec) is None
+
+
+def test_a_replica_spawned_but_never_recorded_runs_nothing_and_the_next_start_runs_the_command_once(
+    place: Place, made: list[LocalBackend]
+):
+    spec = place.spec('echo ran >> "$HOME/ran"; sleep 1')  # HOME: the job's directory
+    lost = place.start_in_dying_worker(spec, die_after_rank=0)  # spawned; the record names no replica
+    assert lost["replicas"]
+
+    backend = place.backend(made)
+    assert backend.adopt(spec) is None  # what the record does not name cannot be taken over
+    backend.start(spec)
+    assert wait_exit(backend) == Status("exited", 0, "exited")
+    wait_for(lambda: not [p for p in pgids(lost) if group_members(p)])  # the unrecorded wrapper is gone
+    assert (place.owner / "ws" / "job-1" / "ran").read_text().split() == ["ran"]  # run once, not twice
 
 
 def test_a_start_on_other_devices_is_stopped_not_adopted(place: Place, made: list[LocalBackend]):

@@ -87,18 +87,25 @@ RESOURCE_LIMIT_MODES = ("cgroup", "off")
 _START_RECORD = "start.json"
 
 # $1 exit-status file, $2 the cgroup.procs files to join, ":"-separated (one per cgroup hierarchy;
-# "" for none: a wrapper that cannot join them all runs nothing), then the argv to run (the sandbox,
-# or ``bash -c <command>`` where sandboxing is off). Catching TERM (rather than ignoring it) keeps
-# the command's default disposition, and lets the wrapper record the status once the command has
-# ended; SIGKILL of the group leaves no file, which poll() handles.
+# "" for none: a wrapper that cannot join them all runs nothing), $3 the descriptor of a pipe that
+# says "go" once the start's record names this wrapper, then the argv to run (the sandbox, or
+# ``bash -c <command>`` where sandboxing is off). A worker that dies between spawning a wrapper and
+# recording it closes the pipe unsaid: the wrapper runs nothing, so the next start, which cannot
+# adopt what the record does not name, never runs the command a second time beside it. Catching
+# TERM (rather than ignoring it) keeps the command's default disposition, and lets the wrapper
+# record the status once the command has ended; SIGKILL of the group leaves no file, which poll()
+# handles.
 _WRAPPER = r"""
 IFS=: read -ra cgroups <<< "$2"
 for procs in "${cgroups[@]}"; do
   echo $$ > "$procs" || { echo "portal: could not join the cgroup $procs: not started" >&2; echo 125 > "$1"; exit 125; }
 done
+read -r -u "$3" go || true
+[ "$go" = go ] || { echo "portal: the start was not recorded: not started" >&2; exit 125; }
+eval "exec $3<&-"
 trap ':' TERM INT HUP
 exit_file=$1
-shift 2
+shift 3
 # The output goes through the log's writer (workers/backends/logcap.py, the portal's Python), which
 # keeps the log under its cap; it ignores the stop signals, to drain the pipe to the last line.
 # Its settings, and the portal's work directory, are the wrapper's alone: not the command's.
@@ -301,8 +308,12 @@ class LocalBackend(FileOutputs):
         try:
             self._write_record()
             for rank in range(spec.replicas):
-                self._spawn(spec, rank, port, cgroup_procs[rank] if cgroup_procs else "")
-                self._write_record()
+                go = self._spawn(spec, rank, port, cgroup_procs[rank] if cgroup_procs else "")
+                try:
+                    self._write_record()
+                    os.write(go, b"go\n")  # recorded: adopt() takes it over from now on
+                finally:
+                    os.close(go)
         except OSError as exc:
             self._terminate(grace_s=0.0, reason=f"start failed: {exc}")
             raise BackendError(f"could not start replica: {exc}", permanent=False) from exc
@@ -558,12 +569,15 @@ class LocalBackend(FileOutputs):
             private_network=self._state["kind"] == "ray",
         )
 
-    def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> None:
+    def _spawn(self, spec: JobSpec, rank: int, port: int, cgroup_procs: str) -> int:
+        """Spawn replica ``rank``'s wrapper, which waits to be told to go; return the pipe's end to
+        tell it on (see ``_WRAPPER``), for the caller to close."""
         run_dir = Path(self._state["run_dir"])
         log_path, exit_path = run_dir / f"replica-{rank}.log", run_dir / f"replica-{rank}.exit"
         devices = spec.devices[rank] if spec.devices else []
         env = self._workload_env(spec, rank, port, devices)
         fds: list[int] = []
+        wait_fd, go = os.pipe()
         try:
             if self.sandbox != "off":
                 # The wrapper runs with the portal's rights: it gets none of the workload's variables
@@ -573,10 +587,13 @@ class LocalBackend(FileOutputs):
                 fds.append(filter_fd())
             args_fd, seccomp_fd = fds if fds else (None, None)
             command = self._command_argv(spec, spec.command, devices, args_fd, seccomp_fd)
-            argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, *command]
-            proc = self._popen(argv, self._wrapper_env(spec, log_path, env), log_path, fds)
+            argv = ["bash", "-c", _WRAPPER, "portal-job", str(exit_path), cgroup_procs, str(wait_fd), *command]
+            proc = self._popen(argv, self._wrapper_env(spec, log_path, env), log_path, [*fds, wait_fd])
+        except BaseException:
+            os.close(go)
+            raise
         finally:
-            for fd in fds:
+            for fd in (*fds, wait_fd):
                 os.close(fd)
         self._procs[rank] = proc
         stat = _read_stat(proc.pid)
@@ -591,6 +608,7 @@ class LocalBackend(FileOutputs):
                 "exit_file": str(exit_path),
             }
         )
+        return go
 
     def _workload_env(self, spec: JobSpec, rank: int, port: int, devices: list[str]) -> dict[str, str]:
         """A replica's variables: the portal's locale, the spec's, the system's PATH (or the spec's)
