@@ -301,9 +301,17 @@ class _Traffic:
             self.refused_until.clear()
             self.replicas.clear()
 
-    def refused(self, replica_id: int) -> None:
+    def refused(self, endpoint_id: int, replica_id: int) -> None:
+        """A replica refused a connection: passed over for a while, and its endpoint's replicas are
+        read again at the next look (it may have stopped since they were read)."""
         with self.lock:
             self.refused_until[replica_id] = time.monotonic() + REFUSED_FOR_S
+            self.replicas.pop(endpoint_id, None)
+
+    def answering(self, endpoint: Endpoint, max_age_s: float = REPLICAS_EVERY_S) -> int:
+        """How many of the endpoint's serving replicas have not refused a connection lately."""
+        now = time.monotonic()
+        return sum(1 for pk, _, _ in self.serving(endpoint, max_age_s) if self.refused_until.get(pk, 0.0) <= now)
 
     def may_wait(self, endpoint_id: int) -> bool:
         with self.lock:
@@ -428,7 +436,7 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
                 TRAFFIC.wait(endpoint.pk, started)
                 TRAFFIC.flush(only=endpoint.pk)  # the autoscaler sees it at once
                 waiting = True
-            if not woke and not TRAFFIC.serving(endpoint):
+            if not woke and not TRAFFIC.answering(endpoint):
                 # A cold start: its replica is asked for now, not at the scheduler loop's next period.
                 try:
                     scaling.converge_one(endpoint.pk)
@@ -448,7 +456,7 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
 
 
 def _busy(endpoint: Endpoint, waited: float) -> HttpResponse:
-    serving = len(TRAFFIC.serving(endpoint))
+    serving = TRAFFIC.answering(endpoint)
     if serving:
         why = f"all {serving} of its replicas are busy; more are being started, up to {endpoint.max_replicas}"
     else:
@@ -484,7 +492,7 @@ def _send(
         connection.connect()
     except OSError:
         finish(error=False)
-        TRAFFIC.refused(replica_id)
+        TRAFFIC.refused(endpoint.pk, replica_id)
         with TRAFFIC.lock:
             counts = TRAFFIC.counts(endpoint.pk)
             counts.requests -= 1  # not a request served: it goes elsewhere

@@ -5,6 +5,8 @@ themselves: test_servers.py, test_serving.py."""
 from __future__ import annotations
 
 import os
+import socket
+import time
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -279,6 +281,25 @@ def test_a_client_cannot_hold_every_thread_waiting_and_a_cold_endpoint_says_when
     full = client.post("/v1/chat/completions", body, content_type="application/json", headers=headers)
     assert full.status_code == 429 and full["Retry-After"] == "5"
     assert f"{proxy.MAX_WAITING} requests waiting" in full.json()["error"]["message"]
+
+
+def test_a_replica_stopped_since_the_proxy_read_the_replicas_is_not_counted_as_serving(
+    world: World, settings: Any
+) -> None:
+    settings.PORTAL_PUBLIC_URL = "http://127.0.0.1:8000"
+    settings.PORTAL_NOTEBOOK_DOMAIN = "localhost"
+    made = endpoint(world.team_a, world.alice, cpu_profile())
+    with socket.socket() as closed:  # a port nothing listens on: the replica's, once it stopped
+        closed.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with proxy.TRAFFIC.lock:  # read while it served, less than a second ago
+        proxy.TRAFFIC.replicas[made.pk] = (time.monotonic(), [(10**9, gone, "key")])
+    headers = {"Host": f"{made.host}:8000", "Authorization": f"Bearer {api_token(world.alice)}", "Prefer": "wait=0"}
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
+    cold = Client().post("/v1/chat/completions", body, content_type="application/json", headers=headers)
+    assert cold.status_code == 503
+    assert "no replica serves yet" in cold.json()["error"]["message"]  # not "all 1 of its replicas are busy"
+    assert proxy.TRAFFIC.serving(made) == []  # read again: none serves
 
 
 def test_a_callers_access_is_one_query_for_a_member_and_a_second_only_to_tell_a_viewer_from_a_stranger(
