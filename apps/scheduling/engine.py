@@ -147,6 +147,28 @@ def is_gang(workload: Workload) -> bool:
     return workload.all_replicas > 1 or workload.widest_units > UNIT
 
 
+class _Settled:
+    """The workspaces whose whole queue left in a pass is of shapes refused without side effects
+    (see Engine._refused_shapes), for what the pass knows now (`known`: use, what it remembers of
+    refusals, whether preemption searches are left). Once every workspace still in line is, the
+    rest of a pass without explain would refuse item after item and change nothing."""
+
+    __slots__ = ("known", "names")
+
+    def __init__(self) -> None:
+        self.known: tuple[int, int, bool] | None = None
+        self.names: set[str] = set()
+
+    def add(self, name: str, known: tuple[int, int, bool]) -> None:
+        if known != self.known:
+            self.known, self.names = known, set()
+        self.names.add(name)
+
+    def covers(self, heap: list[tuple[int, float, str]], known: tuple[int, int, bool]) -> bool:
+        names = self.names
+        return known == self.known and len(heap) <= len(names) and all(entry[2] in names for entry in heap)
+
+
 # --- The engine ----------------------------------------------------------------------------------
 
 
@@ -210,7 +232,7 @@ class Engine:
         self.fenced_unplaceable: dict[tuple[str, str | None, bool], list[tuple[int, int]]] = defaultdict(list)
         self.memos = 0  # changes with what a pass knows of refusals: see _refused_shapes
         # Per workspace, the shapes of its queue known to be refused, and what that holds for: see _refused_shapes.
-        self.fits_something: dict[str, tuple[tuple[int, int, bool], frozenset[int]]] = {}
+        self.fits_something: dict[str, tuple[tuple[int, int, bool, int], frozenset[int]]] = {}
         # False: every workload is examined one by one, as the pass would without its shortcuts (a
         # queue refused at once, a refusal's reason reused); the same decisions and reasons, slower
         # (tests compare the two, with the ledger's remembered answers off too).
@@ -616,6 +638,7 @@ class Engine:
         refused: dict[str, int] = defaultdict(int)
         preemption_tries = self.policy.max_preemption_tries if self.policy.preemption else 0
         blocked: dict[tuple[str, str], tuple[int, str]] = {}
+        settled = _Settled()
         # Work of a workspace's queue that would be refused without side effects, one after another
         # (shapes at least as large as one refused, see _refused_shapes), is refused all at once where
         # it would be popped again and again; with explain, each of those workloads is given the
@@ -658,18 +681,26 @@ class Engine:
                     refused[name] += 1
                     if self.shortcuts and cursor[name] < len(items):
                         left = self._refused_run(name, cursor[name], blocked, preemption_tries > 0)
-                        # None of those starves, so each ranks at most (3, share, name): if that is
-                        # ahead of every other workspace, they would be refused item after item.
+                        if quick and left == len(items) - cursor[name]:
+                            settled.add(name, (self.ledger.version, self.memos, preemption_tries > 0))
+                        # Each ranks at most (3, share, name): if that is ahead of every other
+                        # workspace, they would be refused item after item; else as long as each is.
                         if left and (not heap or (3, self._share(name), name) < heap[0]):
-                            left = min(left, slice_ - refused[name], self.policy.max_scan - scanned)
+                            left = eligible = min(left, slice_ - refused[name], self.policy.max_scan - scanned)
+                        elif left:
+                            budget = (self.policy.max_scan - scanned, slice_ - refused[name])
+                            left, eligible = self._refused_in_turn(name, cursor[name], left, heap, budget, now)
+                        if left:
                             if not quick:
                                 queue = self.queues[name]
                                 self._refuse_all(queue, cursor[name], cursor[name] + left, now, decisions, reasons)
                             scanned += left
-                            refused[name] += left
+                            refused[name] += eligible
                             cursor[name] += left
             if cursor[name] < len(items) and refused[name] < slice_:
                 heapq.heappush(heap, self._rank(name, items[cursor[name]][2]))
+                if settled.covers(heap, (self.ledger.version, self.memos, preemption_tries > 0)):
+                    break  # what is left would be refused item after item, changing nothing
         if not quick:
             self._say_unexamined(now, cursor, refused, slice_, reasons)
 
@@ -702,8 +733,8 @@ class Engine:
     ) -> int:
         """How many workloads of the workspace's queue from `start` on, one after another, are of
         shapes `_refused_shapes` says are refused: each would be refused in turn, changing nothing."""
-        refused = self._refused_shapes(name, blocked, preempting)
         items = self.queues[name].items
+        refused = self._refused_shapes(name, blocked, preempting, -items[start][0])
         if not refused or items[start][3] not in refused:
             return 0
         if len(refused) == len(self.queues[name].counts):
@@ -713,18 +744,47 @@ class Engine:
             stop += 1
         return stop - start
 
+    def _refused_in_turn(
+        self, name: str, start: int, run: int, heap: list[tuple[int, float, str]], budget: tuple[int, int], now: float
+    ) -> tuple[int, int]:
+        """How many of the `run` workloads of the workspace's queue from `start` on, which
+        `_refused_run` says are refused, the pass would pop one after another, each still ranked
+        ahead of every other workspace (`heap`) and within the budget (`budget`: what is left of
+        the scan, and of the workspace's slice of it, which workloads in backoff do not use), and
+        how many of those are eligible now."""
+        items, pending, used, nominal = self.queues[name].items, self.pending, self.ledger.used, self.ledger.nominal
+        scan, slice_ = budget
+        # Each one's rank (see _rank) is (class, share, name), the share and name the workspace's: it is
+        # ahead of the next other workspace's rank when its class is lower, or the same and the rest is.
+        ahead_of, tie = (heap[0][0], (self._share(name), name) < heap[0][1:]) if heap else (4, True)
+        clock, starvation_s = self.clock or 0.0, self.policy.starvation_s
+        taken = eligible = 0
+        while taken < run and taken < scan and eligible < slice_:
+            workload = pending[items[start + taken][2]]
+            gpu_type = workload.gpu_type
+            rank = 0 if used[name, gpu_type] + workload.units <= nominal(name, gpu_type) else 2
+            if not (is_gang(workload) and clock - workload.submitted_at >= starvation_s):  # see _starving
+                rank += 1
+            if rank > ahead_of or (rank == ahead_of and not tie):
+                break
+            taken += 1
+            if workload.eligible_at <= now:
+                eligible += 1
+        return taken, eligible
+
     def _refused_shapes(
-        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool
+        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool, top: int
     ) -> frozenset[int]:
-        """The shapes (their numbers in the workspace's queue) whose every workload would be refused
-        for what is known in this pass, its refusal changing nothing. Worked out again only when
-        what it depends on changed: use, what is owed, what the pass remembers of refusals, held
-        nodes, whether preemption searches are left."""
-        known = (self.ledger.version, self.memos, preempting)
+        """The shapes (their numbers in the workspace's queue) whose every workload of priority `top`
+        or lower would be refused for what is known in this pass, its refusal changing nothing.
+        Worked out again only when what it depends on changed: use, what is owed, what the pass
+        remembers of refusals, held nodes, whether preemption searches are left, `top` (the queue
+        is in priority order: the workloads from a position on are of its priority or lower)."""
+        known = (self.ledger.version, self.memos, preempting, top)
         remembered = self.fits_something.get(name)
         if remembered is not None and remembered[0] == known:
             return remembered[1]
-        refused = self._work_out_refused(name, blocked, preempting)
+        refused = self._work_out_refused(name, blocked, preempting, top)
         self.fits_something[name] = (known, refused)
         return refused
 
@@ -759,51 +819,85 @@ class Engine:
         return reason
 
     def _work_out_refused(
-        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool
+        self, name: str, blocked: dict[tuple[str, str], tuple[int, str]], preempting: bool, top: int
     ) -> frozenset[int]:
         """See _refused_shapes. A shape is refused when its quota refused one no larger, or no
         placement was found for a shape no larger: a larger one fits no better, whether whole
         devices or a share of one (a share needs a device with that much free, which a whole free
-        device has too). Its refusal changes nothing when: no workload of the queue is a starving
-        gang (its refusal holds nodes); while nodes are held, none declares a limit (it may
-        backfill them); within the nominal quota, no preemption search is left (nor, with none
-        left, has the cycle yet to say it cut them short), all the workspace has idle is owed
-        unless quota lets it through (then placement refuses it, which owes nothing), and it is not
-        entitled (`_entitled`) while one of its pools holds no nodes yet (its refusal may preempt,
-        owe or hold nodes); above it, while searches are left, the queue's first does not
-        outrank the workspace's running work (it may preempt that). Work of several pod sets is
-        always examined."""
+        device has too); and every shape when the workspace's quota is held for a starving gang
+        (`_queue_facts`). Its refusal changes nothing when: it is no gang while a gang of the
+        queue starves (its refusal holds nodes), unless `_gang_refused` says so; while nodes are
+        held, none declares a limit (it may backfill them); within the nominal quota, no
+        preemption search is left (nor, with none left, has the cycle yet to say it cut them
+        short), all the workspace has idle is owed unless quota lets it through (then placement
+        refuses it, which owes nothing), and it is not entitled (`_entitled`) while one of its
+        pools holds no nodes yet (its refusal may preempt, owe or hold nodes); above it, while
+        searches are left, work of priority `top` does not outrank the workspace's running work
+        (it may preempt that). Work of several pod sets is always examined."""
         queue = self.queues[name]
-        if queue.gangs_since and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s:
+        # With a starving gang waiting, shapes of gangs are refused without side effects only as
+        # `_gang_refused` says; and none where a workload declares a limit, which may take it past
+        # the quota held for that gang (see _held_for_another) where others of its shape are refused.
+        starving = bool(queue.gangs_since) and (self.clock or 0.0) - queue.gangs_since[0] >= self.policy.starvation_s
+        if starving and queue.declared:
             return _NONE
         if self.unended:  # work may go into its workspace's reservation, or backfill fenced devices
             return _NONE
         if self.held_until and queue.declared:
             return _NONE
-        top = -queue.items[0][0] if queue.items else 0  # the highest priority waiting
         # A refusal may start a preemption search, or, with none left, say that the cycle cut them short.
         searching = preempting or (self.policy.preemption and not self.cut_short)
         refused = []
+        facts: dict[str, tuple[int, int, bool, bool]] = {}  # per GPU type, see _queue_facts
         for number in queue.counts:
             (gpu_type, cluster, share, replicas), several = queue.kinds[number]
             if several:
                 continue
+            known = facts.get(gpu_type)
+            if known is None:
+                known = facts[gpu_type] = self._queue_facts(name, gpu_type, searching, top)
+            used, nominal, held_back, outranks = known
             units = share * replicas
-            used, nominal = self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type)
+            if units and held_back:
+                refused.append(number)  # it waits behind the starving gang its quota is held for
+                continue
+            quota = blocked.get((name, gpu_type))
+            if quota is None or units < quota[0]:
+                unplaced = self.unplaceable.get((gpu_type, cluster), ())
+                if not any(s <= share and r <= replicas for s, r in unplaced):
+                    continue  # not known to be refused
+            if starving and (replicas > 1 or share > UNIT) and not self._gang_refused(name, gpu_type, cluster, units):
+                continue
             if used + units <= nominal:
                 if searching or self._may_hold(name, gpu_type, cluster):
                     continue
                 if not self.ledger.owes_all(name, gpu_type) and not self.ledger.check_units(name, gpu_type, units)[0]:
                     continue  # refused for quota, it is owed some (placement refusals owe nothing)
-            elif searching and any(p < top for p in self.priorities[name, gpu_type]):
+            elif outranks:
                 continue
-            known = blocked.get((name, gpu_type))
-            if known is None or units < known[0]:
-                unplaced = self.unplaceable.get((gpu_type, cluster), ())
-                if not any(s <= share and r <= replicas for s, r in unplaced):
-                    continue
             refused.append(number)
         return frozenset(refused)
+
+    def _queue_facts(self, name: str, gpu_type: str, searching: bool, top: int) -> tuple[int, int, bool, bool]:
+        """What `_work_out_refused` asks of every shape of `gpu_type` in `name`'s queue: the workspace's
+        use and nominal quota; whether all of it waits behind the starving gang its quota is held
+        for (`_held_for_another`: a refusal that changes nothing and gives each the same reason),
+        where none declares a limit (it may end before the gang's turn); that gang was refused at
+        its place in the queue, which the pass is past; and whether, searching, work of priority
+        `top` outranks its running work."""
+        held_back = (name, gpu_type) in self.held_quota and not self.queues[name].declared
+        outranks = searching and any(p < top for p in self.priorities[name, gpu_type])
+        return self.ledger.used[name, gpu_type], self.ledger.nominal(name, gpu_type), held_back, outranks
+
+    def _gang_refused(self, name: str, gpu_type: str, cluster: str | None, units: int) -> bool:
+        """Whether refusing a starving gang of `units` in `name`'s queue, for quota or placement, would
+        change nothing (`_owe`, `_hold_for`) while its workspace's quota is held for no gang (see
+        `_queue_facts` for when it is): it asks more than the nominal quota (none is owed or held
+        for it), and each of its pools holds nodes already."""
+        if units <= self.ledger.nominal(name, gpu_type):
+            return False
+        pools = self.pools_by_type.get(gpu_type, ())
+        return all(pool.held for pool in pools if not cluster or pool.cluster == cluster)
 
     def _may_hold(self, name: str, gpu_type: str, cluster: str | None) -> bool:
         """Whether refusing `name`'s work within its nominal quota may hold nodes for it (see _hold_for):
@@ -891,6 +985,7 @@ class Engine:
             return  # a gang that must borrow has nothing kept for it
         if kind == "quota" and self._starving(workload) and quota_key not in self.held_quota:
             self.held_quota[quota_key] = (workload.key, self._declared_end(self.running_by[quota_key].values()))
+            self.memos += 1  # the rest of its workspace's queue waits: see _queue_facts
         entitled = self._entitled(workload)
         if kind == "quota" and not entitled:
             # Its own workspace's work gives the quota back as it ends; nodes are held once it is
