@@ -8,11 +8,11 @@ import heapq
 import math
 from bisect import insort
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from apps.scheduling.ledger import Ledger
-from apps.scheduling.placement import Pool
+from apps.scheduling.placement import Fences, Pool, PoolNode
 from apps.scheduling.types import UNIT, Policy, Reservation, Workload
 
 # How much longer a run that has passed its expected runtime is expected to go on, as a share of how
@@ -30,6 +30,7 @@ LINE = 20_000
 
 BACKOFF = ("", "")  # the group of an event at which a backoff ends (no workspace is named "")
 
+Shape = tuple[int, int, int]  # what a workload asks for: (units, its widest pod set's units, replicas)
 Scope = tuple[str, ...]  # a count of GPUs that estimates follow: ("type", t), ("workspace", w, t), ("cohort", c, t)
 
 
@@ -39,6 +40,9 @@ class RunningWork(Protocol):
 
     @property
     def units(self) -> int: ...
+
+    @property
+    def held(self) -> Sequence[tuple[PoolNode, Sequence[tuple[int, int]]]]: ...
 
 
 class EngineView(Protocol):
@@ -57,6 +61,9 @@ class EngineView(Protocol):
     def pools_by_type(self) -> Mapping[str, list[Pool]]: ...
 
     @property
+    def fences(self) -> Fences: ...
+
+    @property
     def running(self) -> Mapping[str, RunningWork]: ...
 
     @property
@@ -72,25 +79,38 @@ class EngineView(Protocol):
     def reservations(self) -> Sequence[Reservation]: ...
 
 
+def _shape(workload: Workload) -> Shape:
+    return (workload.units, workload.widest_units, workload.all_replicas)
+
+
+def _several(workload: Workload) -> bool:
+    """Whether it asks for several whole devices (on one node, or one per replica)."""
+    return workload.widest_units >= UNIT and (workload.widest_units > UNIT or workload.all_replicas > 1)
+
+
 class _Group:
     """The pending work of one workspace and GPU type in a pass of estimates: the counts it waits on
     and takes from, its workloads (indexes in the line, in line order) by how much each asks, and
     what ranks it."""
 
-    __slots__ = ("by_need", "first", "key", "needs", "nominal", "past", "scale", "takes_from", "version", "waits_on")
+    __slots__ = (
+        "by_need", "first", "key", "needs", "nominal", "past", "scale", "takes_from", "kept", "version", "waits_on",
+    )  # fmt: skip
 
     def __init__(self, key: tuple[str, str], waits_on: list[Scope], takes_from: list[Scope]) -> None:
         self.key = key
         self.waits_on, self.takes_from = waits_on, takes_from
-        self.by_need: dict[int, deque[int]] = {}
-        self.needs: list[int] = []  # the keys of `by_need`, ascending
+        # Its workloads by shape: (units, the widest pod set's units, replicas), in line order.
+        self.by_need: dict[Shape, deque[int]] = {}
+        self.needs: list[Shape] = []  # the keys of `by_need`, ascending (the least units first)
         self.nominal = 0
         self.past = 0.0  # decayed past use, in thousandths of a GPU over the half-life
+        self.kept = 0  # the use it keeps up with work not yet submitted: its use now, within its nominal quota
         self.scale = 0.0  # 1 / (GPUs of its type x its workspace's weight), for its share
         self.version = 0  # an entry of it in its type's heap with another version is an old one
         self.first = -1  # the first of its workloads in line (-1: none left)
 
-    def add(self, index: int, need: int) -> None:
+    def add(self, index: int, need: Shape) -> None:
         line = self.by_need.get(need)
         if line is None:
             line = self.by_need[need] = deque()
@@ -99,20 +119,21 @@ class _Group:
         if self.first < 0:
             self.first = index  # workloads are added in line order
 
-    def first_fitting(self, space: int, moment: float, order: list[Workload]) -> int:
-        """The first of its workloads in line that asks for no more than `space` and may start at
-        `moment` (-1: none), taken out of the group."""
-        best, best_need = -1, 0
+    def first_fitting(self, space: int, moment: float, order: list[Workload], fits: Callable[[int], bool]) -> int:
+        """The first of its workloads in line that asks for no more than `space`, may start at
+        `moment` and `fits` the nodes (-1: none), taken out of the group. Of the workloads of one
+        shape, only the first that may start is asked whether it fits the nodes."""
+        best, best_need = -1, (0, 0, 0)
         first = self.first
-        if first >= 0 and order[first].units <= space and order[first].eligible_at <= moment:
-            best, best_need = first, order[first].units  # the first in line fits: none can come before it
+        if first >= 0 and order[first].units <= space and order[first].eligible_at <= moment and fits(first):
+            best, best_need = first, _shape(order[first])  # the first in line fits: none can come before it
         for need in self.needs if best < 0 else ():
-            if need > space:
+            if need[0] > space:
                 break
             line = self.by_need[need]
             for index in line:
                 if order[index].eligible_at <= moment:
-                    if best < 0 or index < best:
+                    if (best < 0 or index < best) and fits(index):
                         best, best_need = index, need
                     break
                 if best >= 0 and index > best:
@@ -129,6 +150,177 @@ class _Group:
             if best == self.first:
                 self.first = min((line[0] for line in self.by_need.values()), default=-1)
         return best
+
+
+class _Nodes:
+    """The whole free devices of one pool's nodes in a play of estimates, by node, and the nodes
+    bucketed by how many they have; those held for a starving gang (`holder`, an index in the line)
+    are in no bucket: no other work starts there."""
+
+    __slots__ = ("buckets", "cluster", "free", "holder", "held", "spread", "whole")
+
+    def __init__(self, pool: Pool, fenced: Counter[tuple[str, str]]) -> None:
+        self.cluster, self.spread = pool.cluster, pool.spread
+        # Devices fenced for reservations count as free: what a workload may not use of them,
+        # `StartEstimates._after_reservations` says.
+        self.whole = {name: node.whole + fenced[node.cluster, name] for name, node in pool.nodes.items()}
+        self.buckets: list[dict[str, None]] = [{} for _ in range(pool.max_devices + 1)]
+        for name in sorted(self.whole):
+            self.buckets[self.whole[name]][name] = None
+        self.held: list[str] = []
+        self.holder = -1
+        self.free = sum(self.whole.values())  # whole free devices on the nodes not held
+
+    def room_for(self, count: int, replicas: int) -> bool:
+        """Whether the nodes not held have room for `replicas` replicas of `count` whole devices."""
+        found = 0
+        for whole in range(len(self.buckets) - 1, count - 1, -1):
+            found += len(self.buckets[whole]) * (whole // count)
+            if found >= replicas:
+                return True
+        return False
+
+    def held_room_for(self, count: int, replicas: int) -> bool:
+        return sum(self.whole[name] // count for name in self.held) >= replicas
+
+    def take(self, count: int, replicas: int) -> list[tuple[_Nodes, str, int]]:
+        """Place the replicas (there is room: `room_for`), each on the fullest node it fits (the
+        emptiest where the pool spreads work), as the portal places them; [(pool, node, devices)]."""
+        taken = []
+        buckets = self.buckets
+        order = range(len(buckets) - 1, count - 1, -1) if self.spread else range(count, len(buckets))
+        for _ in range(replicas):
+            for whole in order:
+                if buckets[whole]:
+                    name = next(iter(buckets[whole]))
+                    del buckets[whole][name]
+                    buckets[whole - count][name] = None
+                    self.whole[name] = whole - count
+                    self.free -= count
+                    taken.append((self, name, count))
+                    break
+        return taken
+
+    def take_held(self, count: int, replicas: int) -> list[tuple[_Nodes, str, int]]:
+        """Place the holder on its held nodes (there is room: `held_room_for`) and end the hold."""
+        taken = []
+        for name in self.held:
+            while replicas and self.whole[name] >= count:
+                self.whole[name] -= count
+                taken.append((self, name, count))
+                replicas -= 1
+            self.buckets[self.whole[name]][name] = None
+            self.free += self.whole[name]
+        self.held, self.holder = [], -1
+        return taken
+
+    def hold(self, holder: int, count: int, replicas: int) -> None:
+        """Hold nodes for a starving gang: those with the most whole free devices, one per replica
+        (as the portal holds them), taken out of the buckets."""
+        for whole in range(len(self.buckets) - 1, -1, -1):
+            while self.buckets[whole] and len(self.held) < replicas:
+                name = min(self.buckets[whole])  # the least name, as the portal chooses
+                del self.buckets[whole][name]
+                self.held.append(name)
+                self.free -= whole
+            if len(self.held) == replicas:
+                break
+        if len(self.held) < replicas:
+            self.release()
+            return
+        self.holder = holder
+
+    def release(self) -> None:
+        for name in self.held:
+            self.buckets[self.whole[name]][name] = None
+            self.free += self.whole[name]
+        self.held, self.holder = [], -1
+
+    def give(self, name: str, count: int) -> None:
+        whole = self.whole[name]
+        self.whole[name] = more = min(whole + count, len(self.buckets) - 1)
+        if name not in self.held:
+            del self.buckets[whole][name]
+            self.buckets[more][name] = None
+            self.free += more - whole
+
+
+class _Fits:
+    """Whether a workload of the line fits the nodes the play follows at its moment, and where it
+    goes: whole devices of one node per replica, in the first of its pools with room (as the
+    portal places it). A gang that has waited `starvation_s`, whose counts have room for it but
+    whose nodes have none, has nodes held for it as the portal holds them, where none are held yet:
+    no other work starts there, and it starts there once they have room."""
+
+    __slots__ = ("found", "gangs", "moment", "nodes", "order", "starvation_s")
+
+    def __init__(self, order: list[Workload], nodes: dict[str, list[_Nodes]], starvation_s: float) -> None:
+        self.order, self.nodes, self.starvation_s = order, nodes, starvation_s
+        self.moment = 0.0
+        # Per type followed, how many of its waiting workloads ask for several whole devices: once
+        # all of them have started, its nodes are no longer followed (its count says the rest).
+        self.gangs = Counter(w.gpu_type for w in order if w.gpu_type in nodes and _several(w)) if nodes else Counter()
+        self.found: tuple[int, _Nodes | None] = (-1, None)  # the last workload found to fit, and where
+
+    def _pools(self, workload: Workload) -> list[_Nodes]:
+        pools = self.nodes[workload.gpu_type]
+        return [p for p in pools if p.cluster == workload.cluster] if workload.cluster else pools
+
+    def __call__(self, index: int) -> bool:
+        workload = self.order[index]
+        if workload.gpu_type not in self.nodes or workload.widest_units < UNIT:
+            return True  # a share of a device: its count says where it fits
+        if workload.widest_units == UNIT and workload.all_replicas == 1 and not workload.cluster:
+            for pool in self.nodes[workload.gpu_type]:  # one device, anywhere
+                if pool.free:
+                    self.found = (index, pool)
+                    return True
+            return False
+        count, replicas = workload.widest_units // UNIT, workload.all_replicas
+        pools = self._pools(workload)
+        holding = False
+        for pool in pools:
+            if pool.holder == index:
+                holding = True
+                if pool.held_room_for(count, replicas):
+                    self.found = (index, pool)
+                    return True
+            elif pool.room_for(count, replicas):
+                self.found = (index, pool)
+                return True
+        starving = _several(workload) and self.moment - workload.submitted_at >= self.starvation_s
+        if starving and not holding:
+            for pool in pools:
+                if pool.holder < 0:
+                    pool.hold(index, count, replicas)
+                    if pool.holder == index:
+                        break
+        return False
+
+    def place(self, index: int) -> list[tuple[_Nodes, str, int]]:
+        """Take the devices of a workload that fits (see `__call__`); [(pool, node, devices)]."""
+        workload = self.order[index]
+        if workload.widest_units < UNIT:
+            return []
+        if self.found[0] != index and not self(index):
+            return []  # not asked before it was chosen (it fits: `starts` asks first); nothing to place
+        pool = self.found[1]
+        if pool is None:
+            return []
+        count, replicas = workload.widest_units // UNIT, workload.all_replicas
+        several = count > 1 or replicas > 1 or workload.widest_units > UNIT
+        if pool.holder == index:
+            taken = pool.take_held(count, replicas)
+        else:
+            for other in self._pools(workload) if several else ():
+                if other.holder == index:
+                    other.release()  # it found room elsewhere
+            taken = pool.take(count, replicas)
+        if several:
+            self.gangs[workload.gpu_type] -= 1
+            if not self.gangs[workload.gpu_type]:
+                del self.nodes[workload.gpu_type]
+        return taken
 
 
 class StartEstimates:
@@ -184,9 +376,13 @@ class StartEstimates:
         order of the portal's pass (work within its workspace's nominal quota first, then the lower
         fair share), and in line order within it; every workload that its counts (`_counts`) have
         room for starts, holds its GPUs for its `_runtime`, and adds to its workspace's use, and so
-        to its share; one that does not fit does not stop the ones behind it (backfill). A workload
-        that never finds room (behind work of unknown end) has no estimate. Neither placement nor
-        preemption is modelled: a gang may start later than its estimate, reclaimed quota earlier.
+        to its share; one that does not fit does not stop the ones behind it (backfill). Where work
+        of several whole devices waits, it must also fit the nodes of its type (`_Fits`), which the
+        play follows. A workspace none of whose work waits keeps what it uses now, within its nominal
+        quota, for its next work: what of that ends is kept as long again as the longest run that
+        ended then, and only then given to others. A workload that never
+        finds room (behind work of unknown end) has no estimate. Preemption is not modelled:
+        reclaimed quota may come back earlier.
         """
         inf = math.inf
         room: dict[Scope, int] = {}
@@ -196,19 +392,30 @@ class StartEstimates:
         # end then, per (moment, group), are added up in `ending`.
         events: list[tuple[float, tuple[str, str]]] = []
         ending: dict[tuple[float, tuple[str, str]], int] = {}
+        lasted: dict[tuple[float, tuple[str, str]], float] = {}  # how long the longest run ending then ran
+        # The units kept by a workspace for its next work (see below) that end then.
+        replaced: dict[tuple[float, tuple[str, str]], int] = {}
         soonest: dict[str, float] = {}  # per type: the next end of running work
+        nodes = self._nodes(order)
+        # The whole devices that work of the types whose nodes are followed gives back, per moment.
+        giving: dict[float, list[tuple[_Nodes, str, int]]] = {}
         for running in self.engine.running.values():
             w = running.workload
             if running.units:
                 end = self._expected_end(w, now)
                 if end < inf:
+                    if w.gpu_type in nodes:
+                        self._gives_back(running, nodes[w.gpu_type], giving.setdefault(end, []))
                     key = (w.workspace, w.gpu_type)
                     if key not in groups:
                         self._make_group(key, room, used, groups)
+                    length = end - (now if w.started_at is None else w.started_at)
                     if (end, key) in ending:
                         ending[end, key] += running.units
+                        lasted[end, key] = max(lasted[end, key], length)
                     else:
                         ending[end, key] = running.units
+                        lasted[end, key] = length
                         events.append((end, key))
                     if end < soonest.get(w.gpu_type, inf):
                         soonest[w.gpu_type] = end
@@ -217,7 +424,7 @@ class StartEstimates:
             if need:
                 key = (workload.workspace, workload.gpu_type)
                 group = groups.get(key) or self._make_group(key, room, used, groups)
-                group.add(index, need)
+                group.add(index, _shape(workload))
                 if workload.eligible_at > now:
                     events.append((workload.eligible_at, BACKOFF))
         heapq.heapify(events)
@@ -235,11 +442,13 @@ class StartEstimates:
             if group.needs:
                 heaps.setdefault(group.key[1], []).append(self._rank(group, order, used))
                 gpu_type = group.key[1]
-                least_need[gpu_type] = min(least_need.get(gpu_type, group.needs[0]), group.needs[0])
+                least_need[gpu_type] = min(least_need.get(gpu_type, group.needs[0][0]), group.needs[0][0])
         for heap in heaps.values():
             heapq.heapify(heap)
         moment = now
+        fits = _Fits(order, nodes, self.engine.policy.starvation_s)
         while True:
+            fits.moment = moment
             for gpu_type, heap in heaps.items():
                 gpus: Scope = ("type", gpu_type)
                 skipped = []
@@ -256,7 +465,7 @@ class StartEstimates:
                     if entry[3] != group.version:
                         entry = None
                         continue
-                    waits_on, least = group.waits_on, group.needs[0]
+                    waits_on, least = group.waits_on, group.needs[0][0]
                     space = room[gpus]
                     short: Scope | None = None
                     for scope in waits_on[1:]:
@@ -269,7 +478,7 @@ class StartEstimates:
                         parked.setdefault(short, []).append(group)
                         entry = None
                         continue
-                    index = group.first_fitting(space, moment, order) if space >= least else -1
+                    index = group.first_fitting(space, moment, order, fits) if space >= least else -1
                     if index < 0:
                         skipped.append(entry)
                         entry = None
@@ -285,15 +494,20 @@ class StartEstimates:
                     for scope in group.takes_from:
                         room[scope] -= need
                     used[group.key] += need
+                    placed = fits.place(index) if gpu_type in nodes else []
                     if start < inf:
                         starts[index] = start
                         end = start + self._runtime(workload)
                         if end < inf:
+                            if placed:
+                                giving.setdefault(end, []).extend(placed)
                             at = (end, group.key)
                             if at in ending:
                                 ending[at] += need
+                                lasted[at] = max(lasted[at], end - start)
                             else:
                                 ending[at] = need
+                                lasted[at] = end - start
                                 heappush(events, at)
                     entry = None
                     if group.needs:
@@ -312,19 +526,58 @@ class StartEstimates:
                 freed = at[1]
                 if freed is BACKOFF:
                     continue
-                units = ending.pop(at)
+                units = ending.pop(at, 0)
+                back = units + replaced.pop(at, 0)
                 group = changed[freed] = groups[freed]
-                used[freed] -= units
+                used[freed] -= back
+                if units and not group.needs and used[freed] < group.kept:
+                    # None of its work waits: its next work, not submitted yet, takes what ends first
+                    # (within its nominal quota, it goes before any borrower), and runs as long as the
+                    # longest of those that ended.
+                    kept = min(units, group.kept - used[freed])
+                    used[freed] += kept
+                    back -= kept
+                    again = (moment + lasted.get(at, 0.0), freed)
+                    if again in replaced:
+                        replaced[again] += kept
+                    else:
+                        replaced[again] = kept
+                        heappush(events, again)
+                lasted.pop(at, None)
                 for scope in group.takes_from:
-                    room[scope] += units
+                    room[scope] += back
                     for woken in parked.pop(scope, ()):
                         changed[woken.key] = woken
+            for pool, name, count in giving.pop(moment, ()):
+                pool.give(name, count)
             for group in changed.values():
                 if group.needs:
                     heappush(heaps[group.key[1]], self._rank(group, order, used))
         if self.engine.reservations:
             self._after_reservations(now, order, starts)
         return starts
+
+    def _nodes(self, order: list[Workload]) -> dict[str, list[_Nodes]]:
+        """The pools whose nodes the play follows: those of the types some waiting work of several
+        whole devices asks for (where all work asks for one device, or a share of one, the count
+        of GPUs says where it fits)."""
+        types = {w.gpu_type for w in order if _several(w)}
+        if not types:
+            return {}
+        taken = self.engine.fences.taken
+        fenced = Counter((node.cluster, node.name) for (node, _), units in taken.items() if units == UNIT)
+        return {t: [_Nodes(pool, fenced) for pool in self.engine.pools_by_type.get(t, [])] for t in types}
+
+    @staticmethod
+    def _gives_back(running: RunningWork, pools: list[_Nodes], into: list[tuple[_Nodes, str, int]]) -> None:
+        """The whole devices that running work gives back to the nodes when it ends (a share of a
+        device is not followed: the device is taken to stay in use)."""
+        for node, devices in running.held:
+            count = sum(1 for _, units in devices if units == UNIT)
+            for pool in pools:
+                if count and pool.cluster == node.cluster and node.name in pool.whole:
+                    into.append((pool, node.name, count))
+                    break
 
     def _after_reservations(self, now: float, order: list[Workload], starts: list[float | None]) -> None:
         """No estimate earlier than the end of the reservations a workload needs: those of other
@@ -366,6 +619,7 @@ class StartEstimates:
         weight = max(self.ledger.workspace(name).weight, 1e-6)
         group.scale = 1.0 / (capacity * weight) if capacity else 0.0  # no GPUs of the type: nothing fits
         group.past = self.engine.history.get(key, 0.0) * UNIT / self.engine.policy.half_life_s
+        group.kept = min(group.nominal, used[key])
         return group
 
     @staticmethod

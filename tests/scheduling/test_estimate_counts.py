@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apps.scheduling.engine import Engine
-from apps.scheduling.estimates import Scope, StartEstimates
+from apps.scheduling.estimates import Scope, StartEstimates, _Fits, _Nodes
 from apps.scheduling.types import UNIT, Device, NodeInfo, Policy, ReplicaPlacement, Workload
 from tests.scheduling.builders import ws
 
@@ -26,10 +26,15 @@ RUNTIMES = (None, 60.0, 600.0, 600.0, 3600.0, 3600.0)  # few, so that many runs 
 
 def plain_estimates(estimates: StartEstimates, now: float, order: list[Workload]) -> dict[str, float]:
     """The model as docs/scheduler.md states it: every count; at each moment, of all the waiting work
-    its counts have room for, the workload of the workspace and type that ranks first (within its
-    nominal quota, then the lower share, then the name), the first of them in line, starts, again
-    and again; then on to the next moment work ends or becomes eligible."""
+    its counts have room for and that fits the nodes, the workload of the workspace and type that
+    ranks first (within its nominal quota, then the lower share, then the name), the first of them
+    in line, starts, again and again; then on to the next moment work ends or becomes eligible,
+    where what a workspace with no work waiting had in use, within its nominal quota, is kept for
+    its work not yet submitted, as long again as the longest of its runs that ended then. The nodes
+    are followed as the estimates follow them (`_Fits`), with no gang starving (the order in which
+    gangs are asked decides which one nodes are held for)."""
     engine, ledger = estimates.engine, estimates.ledger
+    assert engine.policy.starvation_s == math.inf
 
     def counts(name: str, gpu_type: str) -> tuple[list[Scope], list[Scope]]:
         capacity = engine.capacity.get(gpu_type, 0)
@@ -52,27 +57,39 @@ def plain_estimates(estimates: StartEstimates, now: float, order: list[Workload]
 
     room: dict[Scope, int] = {}
     used = {key: units for key, units in ledger.used.items() if units}
-    ends: list[tuple[float, tuple[str, str], int]] = []  # (moment, whose, units)
+    kept = {key: min(units, ledger.nominal(*key)) for key, units in used.items()}
+    nodes = estimates._nodes(order)
+    fits = _Fits(order, nodes, math.inf)
+    giving: list[tuple[float, _Nodes, str, int]] = []
+    # (moment, whose, units, how long the run lasted, whether it was kept for work not yet submitted)
+    ends: list[tuple[float, tuple[str, str], int, float, bool]] = []
     for running in engine.running.values():
         w = running.workload
         for scope in counts(w.workspace, w.gpu_type)[1]:
             room.setdefault(scope, estimates._room(scope))
         end = estimates._expected_end(w, now)
         if running.units and end < math.inf:
-            ends.append((end, (w.workspace, w.gpu_type), running.units))
-    soonest = {t: min((e for e, (_, gt), _ in ends if gt == t), default=math.inf) for t in engine.capacity}
+            ends.append((end, (w.workspace, w.gpu_type), running.units, end - (w.started_at or now), False))
+            given: list[tuple[_Nodes, str, int]] = []
+            if w.gpu_type in nodes:
+                estimates._gives_back(running, nodes[w.gpu_type], given)
+            giving.extend((end, *item) for item in given)
+    soonest = {t: min((e[0] for e in ends if e[1][1] == t), default=math.inf) for t in engine.capacity}
     waiting = [w for w in order if w.units]
     for w in waiting:
         for scope in counts(w.workspace, w.gpu_type)[1]:
             room.setdefault(scope, estimates._room(scope))
     out: dict[str, float] = {}
     moment = now
+    fits.moment = now
     while True:
         while True:  # every workload that fits at this moment, the first-ranked first
             fitting = [
                 w
                 for w in waiting
-                if w.eligible_at <= moment and all(room[s] >= w.units for s in counts(w.workspace, w.gpu_type)[0])
+                if w.eligible_at <= moment
+                and all(room[s] >= w.units for s in counts(w.workspace, w.gpu_type)[0])
+                and fits(order.index(w))
             ]
             if not fitting:
                 break
@@ -89,21 +106,36 @@ def plain_estimates(estimates: StartEstimates, now: float, order: list[Workload]
             for scope in counts(*key)[1]:
                 room[scope] -= chosen.units
             used[key] = used.get(key, 0) + chosen.units
+            placed = fits.place(order.index(chosen)) if chosen.gpu_type in nodes else []
             start = moment if moment > now else soonest.get(chosen.gpu_type, math.inf)
             if start < math.inf:
                 out[chosen.key] = start
-                ends.append((start + estimates._runtime(chosen), key, chosen.units))
-        later = [e for e, _, _ in ends if e > moment] + [w.eligible_at for w in waiting if w.eligible_at > moment]
+                ends.append((start + estimates._runtime(chosen), key, chosen.units, estimates._runtime(chosen), False))
+                giving.extend((start + estimates._runtime(chosen), *item) for item in placed)
+        later = [e[0] for e in ends if e[0] > moment] + [w.eligible_at for w in waiting if w.eligible_at > moment]
         if not later or min(later) == math.inf:
             return out
         moment = min(later)
-        for _end, key, units in [e for e in ends if e[0] == moment]:
+        by_key: dict[tuple[str, str], list[tuple[int, float, bool]]] = {}
+        for _end, key, units, length, again in [e for e in ends if e[0] == moment]:
+            by_key.setdefault(key, []).append((units, length, again))
+        for key, runs in by_key.items():
+            units = sum(u for u, _, again in runs if not again)
+            back = sum(u for u, _, _ in runs)
+            used[key] -= back
+            if units and not any((w.workspace, w.gpu_type) == key for w in waiting) and used[key] < kept.get(key, 0):
+                held = min(units, kept[key] - used[key])  # for its next work, not yet submitted
+                used[key] += held
+                back -= held
+                ends.append((moment + max(length for _, length, again in runs if not again), key, held, 0.0, True))
             for scope in counts(*key)[1]:
-                room[scope] += units
-            used[key] -= units
+                room[scope] += back
+        fits.moment = moment
+        for _end, pool, name, count in [g for g in giving if g[0] == moment]:
+            pool.give(name, count)
 
 
-def random_engine(seed: int, policy: str) -> Engine:
+def random_engine(seed: int, policy: str, starvation_s: float = Policy.starvation_s) -> Engine:
     """Up to 5 workspaces with quotas, cohorts and limits; whole GPUs running on 4 nodes x 8 (a
     workspace may run beyond its quota: quotas change); up to 60 more waiting."""
     rng = random.Random(seed)
@@ -119,7 +151,7 @@ def random_engine(seed: int, policy: str) -> Engine:
         for i in range(rng.randint(1, 5))
     )
     nodes = tuple(NodeInfo(f"n{n}", "c", "h100", tuple(Device(i, D(1)) for i in range(8))) for n in range(4))
-    engine = Engine(infos, nodes, Policy(name=policy))  # type: ignore[arg-type]
+    engine = Engine(infos, nodes, Policy(name=policy, starvation_s=starvation_s))  # type: ignore[arg-type]
     slots = [(node.name, index) for node in nodes for index in range(8)]
     rng.shuffle(slots)
     for seq in range(rng.randint(0, 28)):
@@ -150,7 +182,7 @@ def random_engine(seed: int, policy: str) -> Engine:
 @settings(max_examples=300, deadline=None, database=None)
 @given(st.integers(0, 2**32), st.sampled_from(["portal", "portal", "fifo", "shared"]))
 def test_estimates_are_those_of_the_plain_model(seed: int, policy: str) -> None:
-    engine = random_engine(seed, policy)
+    engine = random_engine(seed, policy, starvation_s=math.inf)
     order = engine._line()
 
     assert StartEstimates(engine).estimate(NOW, order) == plain_estimates(StartEstimates(engine), NOW, order)

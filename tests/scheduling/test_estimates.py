@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -132,12 +133,18 @@ def test_it_never_estimates_now_for_work_the_counts_have_room_for_yet_did_not_st
 
 
 def test_a_borrower_waits_for_the_cohort_not_only_for_its_own_work() -> None:
-    # team-b borrows team-a's idle quota; its next job can start when team-a's job ends, not only its own.
+    # team-b borrows team-a's idle quota; its next job can start when team-c's job, borrowed from the
+    # same idle quota, ends, not only when its own does. (Work within its nominal quota that ends is
+    # kept for that workspace's next work: tests/scheduling/test_estimate_nodes.py.)
     snapshot = Snapshot(
-        (ws("team-a", "8", cohort="lab"), ws("team-b", "8", cohort="lab", can_borrow=True)),
+        (
+            ws("team-a", "8", cohort="lab"),
+            ws("team-b", "8", cohort="lab", can_borrow=True),
+            ws("team-c", "0", cohort="lab", can_borrow=True),
+        ),
         (node("n1", used=tuple(range(8))), node("n2", used=tuple(range(8)))),
         (
-            running("job:a", "n1", 8, NOW - 10, expected_runtime_s=60.0),
+            replace(running("job:c", "n1", 8, NOW - 10, expected_runtime_s=60.0), workspace="team-c"),
             Workload(
                 "job:b", "team-b", "h100", D(8), started_at=NOW - 10, cluster="local", expected_runtime_s=7200.0,
                 placement=(ReplicaPlacement("n2", tuple((i, D(1)) for i in range(8))),),

@@ -637,7 +637,8 @@ def test_fifo_queues_of_different_workspaces_do_not_block_each_other() -> None:
 
 def test_it_estimates_work_later_in_line_that_fits_to_start_before_work_ahead_of_it() -> None:
     """Played forward as the portal admits: job:4 fits beside job:1 and job:2 when r2 ends, as the
-    portal's backfill would start it, while job:3 needs all 4 GPUs and waits for the three to end."""
+    portal's backfill would start it, while job:3 needs all 4 GPUs and waits for the three to end
+    (and for team-b's next work, expected to follow its last, docs/scheduler.md)."""
     runtimes = {"expected_runtime_s": 1_000.0}
     decisions = schedule(
         snapshot(
@@ -659,7 +660,9 @@ def test_it_estimates_work_later_in_line_that_fits_to_start_before_work_ahead_of
     assert estimates == [
         (1, "job:1", NOW + 100),  # r1 ends
         (2, "job:2", NOW + 900),  # r2 ends
-        (3, "job:3", NOW + 1_900),  # job:2 and job:4 end (job:1 at 1,100): all 4 free
+        # job:2 and job:4 end at +1,900 (job:1 at 1,100); team-b, with none of its work waiting then,
+        # keeps their 2 GPUs (its use now) for its next work, which runs as long: all 4 free at +2,900.
+        (3, "job:3", NOW + 2_900),
         (4, "job:4", NOW + 900),  # beside job:2 when r2 ends: backfill
     ]
 
