@@ -25,6 +25,7 @@ from apps.inference import actions
 from apps.inference.models import MAX_REPLICAS, Endpoint, Replica, Sample, ScaleEvent
 from apps.scheduling.limits import check_gpu_shape
 from apps.workloads import host
+from apps.workloads.api import StartProgressMixin
 from apps.workloads.models import Workload
 from apps.workspaces.access import restrict
 from workers.backends import servers
@@ -78,11 +79,11 @@ class InferenceProfileViewSet(ProfileViewSet):
     filterset_fields = ["published", "server", "gpu_type"]
 
 
-class ReplicaSerializer(StrictModelSerializer):
+class ReplicaSerializer(StartProgressMixin, StrictModelSerializer):
     class Meta:
         model = Replica
         fields = ["id", "name", "version", "baseline", "state", "reason", "wait_reason", "cluster", "created_at",
-                  "admitted_at", "started_at", "finished_at"]  # fmt: skip
+                  "admitted_at", "started_at", "finished_at", "start_progress"]  # fmt: skip
         read_only_fields = fields
 
 

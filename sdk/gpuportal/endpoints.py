@@ -24,7 +24,17 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from gpuportal.errors import NotFound, PortalUnreachable, ServerError, SpecError, WaitTimeout, WorkloadFailed
-from gpuportal.models import Job, Model, ResultList, _int_or_none, _Refreshable, fmt_when, parse_time
+from gpuportal.models import (
+    Job,
+    Model,
+    ResultList,
+    StartStep,
+    _int_or_none,
+    _Refreshable,
+    fmt_when,
+    parse_time,
+    start_steps,
+)
 from gpuportal.resources import POLL_MAX_S, Outage, Resource, poll
 
 if TYPE_CHECKING:
@@ -55,6 +65,8 @@ class EndpointReplica:
     wait_reason: str
     created_at: datetime | None
     started_at: datetime | None
+    #: What its start did, step by step (``StartStep``), as a job's ``start_progress``.
+    start_progress: tuple[StartStep, ...] = ()
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> EndpointReplica:
@@ -68,6 +80,7 @@ class EndpointReplica:
             wait_reason=data.get("wait_reason") or "",
             created_at=parse_time(data.get("created_at")),
             started_at=parse_time(data.get("started_at")),
+            start_progress=tuple(start_steps(data)),
         )
 
     def __str__(self) -> str:

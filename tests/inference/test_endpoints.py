@@ -210,6 +210,16 @@ def test_deleting_an_endpoint_stops_its_replicas_and_its_url_is_gone(world: Worl
     assert client.delete(f"/api/v1/endpoints/{made.pk}/").status_code == 409
 
 
+def test_each_replica_in_the_api_says_how_far_its_start_has_come(world: World) -> None:
+    made = endpoint(world.team_a, world.alice, cpu_profile())
+    run_cycle()
+    [replica] = _live(made)
+    assert Replica.objects.get(pk=replica.pk).state == Replica.State.ADMITTED  # admitted, no worker took it yet
+    shown = world.client(world.alice).get(f"/api/v1/endpoints/{made.pk}/").json()["replicas"]
+    [waiting] = shown[0]["start_progress"]
+    assert waiting["step"] == "queued" and waiting["ended_at"] is None and "worker" in waiting["detail"]
+
+
 def test_another_tenant_neither_sees_nor_changes_an_endpoint(world: World) -> None:
     made = endpoint(world.team_a, world.alice, cpu_profile())
     stranger = world.client(world.charlie)

@@ -127,6 +127,8 @@ def test_an_endpoint_is_deployed_served_scaled_and_deleted(served: Client, live_
     assert (endpoint.state, endpoint.serving, endpoint.is_ready, seen[-1]) == ("READY", 1, True, "READY")
     [replica] = endpoint.replicas
     assert (replica.state, replica.version, replica.baseline) == ("READY", 1, True)
+    steps = [step.step for step in replica.start_progress]  # how its start went, as a job's
+    assert steps[0] == "queued" and "starting" in steps and all(step.ended_at for step in replica.start_progress)
     assert repr(endpoint) == f"<Endpoint {endpoint.id} sdk-chat READY 1/1-2 serving>"
     assert "READY" in endpoint._repr_html_() and endpoint.url in endpoint._repr_html_()
 
