@@ -54,6 +54,18 @@ def _pids(row: Instance | Notebook) -> list[int]:
     return [r["pid"] for r in (row.backend_state or {}).get("replicas", [])]
 
 
+def _kill(row: Instance | Notebook) -> None:
+    """SIGKILL every process group of the row's replicas, and wait until they are gone: a signal
+    is delivered when its process next runs, not when kill() returns."""
+    pids = _pids(row)
+    for pid in pids:
+        os.killpg(pid, 9)
+    deadline = time.monotonic() + 15
+    while _alive(pids):
+        assert time.monotonic() < deadline, f"{_alive(pids)} still alive after SIGKILL"
+        time.sleep(0.05)
+
+
 def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
@@ -371,8 +383,7 @@ def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_on
     instance, notebook = _launch(tx_world, jupyter_profile)
     token = {"Authorization": f"token {notebook.access_token}"}
     # The server dies (a crash, the machine's OOM killer): reconcile starts it again.
-    for pid in _pids(notebook):
-        os.killpg(pid, 9)
+    _kill(notebook)
     reconcile()
     notebook.refresh_from_db()
     assert notebook.state == Notebook.State.READY
@@ -398,8 +409,7 @@ def test_reconcile_restarts_dead_servers_drops_stale_routes_and_restores_lost_on
 
     # Past the restart limit it fails, saying how its processes ended the last time.
     settings.PORTAL_RESTART_LIMIT = 1
-    for pid in _pids(Notebook.objects.get(pk=notebook.pk)):
-        os.killpg(pid, 9)
+    _kill(Notebook.objects.get(pk=notebook.pk))
     reconcile()
     notebook.refresh_from_db()
     assert notebook.state == Notebook.State.FAILED
