@@ -282,6 +282,7 @@ def test_each_process_killed_in_turn_loses_and_repeats_nothing(production: Produ
                 assert job["attempts"] >= 1  # a start lost with the worker is retried, never run twice
     except AssertionError:
         print(production.logs())
+        print({job["name"]: (job["state"], job["attempts"]) for job in client.jobs()})
         raise
 
 
