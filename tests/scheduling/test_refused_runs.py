@@ -11,31 +11,11 @@ from decimal import Decimal
 import pytest
 
 from apps.scheduling.engine import Engine
-from apps.scheduling.types import (
-    Decisions,
-    Device,
-    NodeInfo,
-    Policy,
-    Quota,
-    ReplicaPlacement,
-    Workload,
-    WorkspaceInfo,
-)
+from apps.scheduling.types import Device, NodeInfo, Policy, Quota, ReplicaPlacement, Workload, WorkspaceInfo
+from tests.scheduling.test_fast_paths import SHAPES, _cluster
+from tests.scheduling.test_pass_cost import _count_admission_tries
 
 D = Decimal
-SHAPES = (("0.25", 1), ("0.5", 1), ("1", 1), ("1", 1), ("1", 1), ("2", 1), ("4", 1), ("8", 1), ("8", 2))
-
-
-def _count_admission_tries(engine: Engine) -> list[str]:
-    tried: list[str] = []
-    try_admit = engine._try_admit
-
-    def spy(workload: Workload, decisions: Decisions) -> tuple[str, str]:
-        tried.append(workload.key)
-        return try_admit(workload, decisions)
-
-    engine._try_admit = spy  # type: ignore[method-assign]
-    return tried
 
 
 def _held_behind_a_gang(shortcuts: bool) -> Engine:
@@ -116,16 +96,6 @@ def test_a_starving_gang_behind_a_refused_one_of_its_shape_still_has_nodes_held(
     if explain:
         said = {p.key: p.reason for p in decisions.pending}
         assert said["job:gang-old"].endswith("holding 2 node(s) for it while work there finishes")
-
-
-def _cluster() -> tuple[tuple[WorkspaceInfo, ...], tuple[NodeInfo, ...]]:
-    devices = tuple(Device(i, D(1)) for i in range(8))
-    nodes = tuple(NodeInfo(f"n{n:02d}", "c", "h100", devices) for n in range(12))
-    workspaces = tuple(
-        WorkspaceInfo(f"w{w}", (Quota("h100", D(4 + 8 * (w % 3))),), cohort=f"k{w % 2}", can_borrow=True)
-        for w in range(8)
-    )
-    return workspaces, nodes
 
 
 def _stream(rng: random.Random, count: int, start: int, now: float, declared: bool) -> list[Workload]:
