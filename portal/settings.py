@@ -657,6 +657,9 @@ PORTAL_RAY_START_TIMEOUT_S = env_int("PORTAL_RAY_START_TIMEOUT_S", 300, minimum=
 # (``Prefer: wait=N``); and the largest request body the endpoint proxy takes.
 PORTAL_INFERENCE_START_TIMEOUT_S = env_int("PORTAL_INFERENCE_START_TIMEOUT_S", 600, minimum=5, maximum=7200)
 PORTAL_INFERENCE_EXTRA_PRIORITY = env_int("PORTAL_INFERENCE_EXTRA_PRIORITY", -1000, minimum=-1000, maximum=1000)
+# A node's drain replaces an endpoint's replicas there before it stops them: how long it waits for
+# a replacement to serve (placed and its model loaded) before it stops the replica anyway.
+PORTAL_DRAIN_REPLACE_S = env_int("PORTAL_DRAIN_REPLACE_S", 900, minimum=0, maximum=86400)
 PORTAL_INFERENCE_WAIT_S = env_int("PORTAL_INFERENCE_WAIT_S", 60, minimum=0, maximum=3600)
 PORTAL_INFERENCE_MAX_BODY_BYTES = env_int("PORTAL_INFERENCE_MAX_BODY_BYTES", 4 * 2**20, minimum=1024)
 

@@ -83,7 +83,8 @@ class ReplicaSerializer(StartProgressMixin, StrictModelSerializer):
     class Meta:
         model = Replica
         fields = ["id", "name", "version", "baseline", "state", "reason", "wait_reason", "cluster", "created_at",
-                  "admitted_at", "started_at", "finished_at", "start_progress"]  # fmt: skip
+                  "admitted_at", "started_at", "finished_at", "start_progress", "retiring_at",
+                  "retire_reason"]  # fmt: skip
         read_only_fields = fields
 
 

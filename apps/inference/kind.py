@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.utils import timezone
+
 from apps.audit.events import Event
 from apps.inference.models import Endpoint, Replica
 from apps.workloads.kinds import KindInfo, Scheduling
@@ -17,6 +19,18 @@ def _preempt(pk: int, reason: str, grace_s: float) -> None:
     replica = Replica.objects.select_related("endpoint__workspace").filter(pk=pk).first()
     if replica is not None:
         do_preempt_replica(replica, reason=reason)
+
+
+def _make_way(pks: list[int], reason: str) -> None:
+    """A drain of their node: each is replaced elsewhere before it stops (see scaling._retire); the
+    scheduler loop's next round asks for the replacements."""
+    Replica.objects.filter(pk__in=pks, retiring_at__isnull=True).update(
+        retiring_at=timezone.now(), retire_reason=reason[:500]
+    )
+
+
+def _stay(pks: list[int]) -> None:
+    Replica.objects.filter(pk__in=pks).update(retiring_at=None, retire_reason="")
 
 
 def _details(pks: Iterable[int]) -> dict[int, tuple[bool, float | None]]:
@@ -46,5 +60,7 @@ REPLICA = KindInfo(
         admit_event=Event.ENDPOINT_ADMIT,
         preempt=_preempt,
         details=_details,
+        make_way=_make_way,
+        stay=_stay,
     ),
 )

@@ -139,6 +139,11 @@ class Replica(Workload):
     proxy_target = models.CharField(max_length=500, blank=True)
     # Why it was stopped or failed ("scaled down", "rolled out", the server's last log lines).
     reason = models.CharField(max_length=4000, blank=True)
+    # A drain of the node it serves on asked it to make way (make before break): the endpoint starts
+    # a replacement elsewhere and stops this one once the replacement serves, or at the drain's
+    # deadline (PORTAL_DRAIN_REPLACE_S). Cleared if the node comes back first.
+    retiring_at = models.DateTimeField(null=True, blank=True)
+    retire_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["endpoint_id", "id"]

@@ -18,7 +18,9 @@ Each decision is recorded with its reason in words (``ScaleEvent``: "2 → 3 rep
 waiting for 20 s"). Then the replicas are made to match: missing ones are created (queued: the
 scheduler admits each under the workspace's quota), surplus ones stopped (those not yet serving
 first). A new version rolls out: its replicas start beside the old ones, which stop only once as
-many new ones serve. Every period a ``Sample`` of the endpoint's figures is kept for its page.
+many new ones serve. A node's drain replaces the replicas there the same way: each stops once its
+replacement, placed on another node, serves (``_retire``). Every period a ``Sample`` of the
+endpoint's figures is kept for its page.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -132,7 +135,8 @@ def converge(endpoint: Endpoint, now: datetime, load: Load | None = None) -> Non
     if load.in_flight or load.waiting:
         endpoint.last_request_at = now
     decide(endpoint, now, load)
-    current = [r for r in replicas if r.version == endpoint.version and r.state in LIVE]
+    # Replicas that make way for a node's drain are not counted: their replacements are made now.
+    current = [r for r in replicas if r.version == endpoint.version and r.state in LIVE and r.retiring_at is None]
     older = [r for r in replicas if r.version != endpoint.version and r.state in LIVE]
     # Missing replicas of the current version are made; the first `min_replicas` are its baseline.
     for _ in range(endpoint.desired_replicas - len(current)):
@@ -151,6 +155,7 @@ def converge(endpoint: Endpoint, now: datetime, load: Load | None = None) -> Non
             stop_replica(replica, f"replaced by version {endpoint.version}")
         if endpoint.previous:
             endpoint.previous = None
+    _retire(endpoint, [r for r in replicas if r.retiring_at is not None and r.state in LIVE], current, now)
     serving = Replica.objects.filter(endpoint=endpoint, state=Replica.State.READY).exists()
     state = endpoint.state
     if serving:
@@ -167,6 +172,27 @@ def converge(endpoint: Endpoint, now: datetime, load: Load | None = None) -> Non
         live(endpoint)
     endpoint.save()
     sample(endpoint, now, load)
+
+
+def _retire(endpoint: Endpoint, retiring: list[Replica], current: list[Replica], now: datetime) -> None:
+    """Stop the replicas that make way for a drain (make before break) once their replacements
+    serve: as many of the current version serving as the endpoint wants. One not serving yet goes
+    at once (nothing is lost); one whose replacement has not served within PORTAL_DRAIN_REPLACE_S
+    (no quota or room for it, or its model loads slowly) goes then, so that the drain ends."""
+    from apps.inference.actions import do_preempt_replica
+
+    serving = sum(1 for r in current if r.state == Replica.State.READY)
+    for replica in retiring:
+        waited = (now - replica.retiring_at).total_seconds() if replica.retiring_at else 0.0
+        if replica.state != Replica.State.READY:
+            why = "it was not serving yet"
+        elif serving >= endpoint.desired_replicas:
+            why = "its replacement serves"
+        elif waited >= settings.PORTAL_DRAIN_REPLACE_S:
+            why = f"no replacement served within {settings.PORTAL_DRAIN_REPLACE_S} s"
+        else:
+            continue
+        do_preempt_replica(replica, reason=f"{replica.retire_reason}; {why}")
 
 
 def decide(endpoint: Endpoint, now: datetime, load: Load) -> None:

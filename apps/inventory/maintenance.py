@@ -4,10 +4,12 @@ and maintenance windows announced ahead to the users whose work they affect.
 The portal's maintenance of a node lives in its own columns (``Node.cordoned_at`` and the rest), apart
 from the state the cluster reports, so that a discovery never undoes it; the scheduler's adapter
 gives a cordoned node no free share. A drain evicts, through each kind's ``preempt`` hook and with
-the preemption grace, the work that may be moved (preemptible jobs, Ray clusters and inference
-replicas: requeued, or replaced elsewhere by their endpoint), and waits out the rest (instances
-and their notebooks, work its owner marked not preemptible). It is done once nothing holds a
-device there and what it evicted has stopped: then the node is "drained".
+the preemption grace, the work that may be moved (preemptible jobs and Ray clusters: requeued);
+asks an inference endpoint's replicas there to make way (make before break: the endpoint starts a
+replacement elsewhere and stops each once its replacement serves, or at ``PORTAL_DRAIN_REPLACE_S``;
+see apps/inference/scaling.py); and waits out the rest (instances and their notebooks, work its
+owner marked not preemptible). It is done once nothing holds a device there and what it evicted
+has stopped: then the node is "drained".
 
 On Slurm the node is also drained in Slurm itself (``scontrol update state=drain``), so that Slurm
 starts nothing there, and resumed when it comes back. Slurm is asked before anything is written
@@ -106,8 +108,9 @@ def do_drain_node(
 ) -> Node:
     """Cordon the node and move its work off: each workload holding a device there that its kind
     may preempt (and its owner allows) is evicted with `grace_s` (the preemption grace unless
-    given) and requeued; the others are waited out. The drain is done, and the node "drained", once
-    nothing holds a device there and what was evicted has stopped."""
+    given) and requeued; an endpoint's replicas are replaced elsewhere, then stopped; the others
+    are waited out. The drain is done, and the node "drained", once nothing holds a device there
+    and what was evicted or replaced has stopped."""
     reason = " ".join(reason.split())[:300] or "maintenance"
     grace = float(settings.PORTAL_PREEMPTION_GRACE_S if grace_s is None else grace_s)
     _slurm(node, "drain", reason)
@@ -122,30 +125,42 @@ def do_drain_node(
         if not draining:
             node.drain_requested_at, node.drained_at = now, None
         node.save()
-        evicted, waited = _evict(node, f"node {node.name} is drained for maintenance: {reason}", grace)
-        node.drain_evicted.add(*evicted)
+        why = f"node {node.name} is drained for maintenance: {reason}"
+        evicted, replaced, waited = _evict(node, why, grace)
+        node.drain_evicted.add(*evicted, *replaced)
         if not draining:
             data = {"reason": reason, "grace_s": grace, "evicted": [str(w) for w in evicted],
-                    "waited_out": [str(w) for w in waited], "window": window.pk if window else None}  # fmt: skip
+                    "replaced": [str(w) for w in replaced], "waited_out": [str(w) for w in waited],
+                    "window": window.pk if window else None}  # fmt: skip
             do_log_event(Event.NODE_DRAIN, node, acting_user=acting_user, origin=origin, data=data)
         _finish_drain(node, now)
         request_cycle()
     return node
 
 
-def _evict(node: Node, reason: str, grace_s: float) -> tuple[list[Workload], list[Workload]]:
-    """Evict the node's movable work; the evicted and the waited-out workloads."""
+def _evict(node: Node, reason: str, grace_s: float) -> tuple[list[Workload], ...]:
+    """Evict the node's movable work, and ask the kinds that replace theirs elsewhere before they
+    stop (an endpoint's replicas, its minimum too) to make way; the evicted, the replaced and the
+    waited-out workloads."""
     kinds = scheduled()
     holding = Workload.objects.filter(allocations__gpu__node=node).distinct().order_by("pk")
-    evicted, waited = [], []
+    evicted, replaced, waited = [], [], []
+    making_way: dict[str, list[int]] = defaultdict(list)
     for workload in holding:
-        preempt = kinds[workload.kind].preempt if workload.kind in kinds else None
-        if preempt is not None and workload.preemptible:
-            preempt(workload.pk, reason, grace_s)
+        scheduling = kinds.get(workload.kind)
+        if scheduling is not None and scheduling.make_way is not None:
+            making_way[workload.kind].append(workload.pk)
+            replaced.append(workload)
+        elif scheduling is not None and scheduling.preempt is not None and workload.preemptible:
+            scheduling.preempt(workload.pk, reason, grace_s)
             evicted.append(workload)
         else:
             waited.append(workload)
-    return evicted, waited
+    for kind, pks in making_way.items():
+        make_way = kinds[kind].make_way
+        assert make_way is not None
+        make_way(pks, reason)
+    return evicted, replaced, waited
 
 
 def _finish_drain(node: Node, now: datetime) -> bool:
@@ -175,9 +190,23 @@ def do_uncordon_node(node: Node, *, acting_user: Any = None, origin: Origin = SY
         node.maintenance_reason, node.maintenance_window = "", None
         node.save()
         node.drain_evicted.clear()
+        _keep_replaced(node)
         do_log_event(Event.NODE_UNCORDON, node, acting_user=acting_user, origin=origin, data={"was": was})
         request_cycle()
     return node
+
+
+def _keep_replaced(node: Node) -> None:
+    """The node is back before the replacements of what made way there served: that work stays."""
+    kinds = scheduled()
+    staying: dict[str, list[int]] = defaultdict(list)
+    for pk, kind in Workload.objects.filter(allocations__gpu__node=node).distinct().values_list("pk", "kind"):
+        if kind in kinds and kinds[kind].stay is not None:
+            staying[kind].append(pk)
+    for kind, pks in staying.items():
+        stay = kinds[kind].stay
+        assert stay is not None
+        stay(pks)
 
 
 def _user(acting_user: Any) -> Any:
@@ -276,6 +305,8 @@ def _fate(workload: Workload) -> str:
     traits = scheduled().get(workload.kind)
     if traits is not None and workload.state == traits.queued:
         return "queued: it is not placed on these nodes during the window"
+    if traits is not None and traits.make_way is not None:
+        return "replaced at the start: it serves on until its replacement on another node serves"
     if traits is not None and traits.preempt is not None and workload.preemptible:
         return "stopped at the start, with the usual grace to checkpoint, and requeued elsewhere"
     return "left to run: the nodes wait for it to end (stop it before the window to let the work begin)"

@@ -24,6 +24,9 @@ class Scheduling:
     preempted, whatever its row says). ``details(pks)``: per id, whether it takes a grace signal
     before preemption and its runtime limit in seconds. ``requeue_unready(timeout_s)``: put back in
     line what was admitted longer ago than that and never ran, returning their ids.
+    ``make_way(pks, reason)``: for a node's drain, where the kind replaces its workloads elsewhere
+    before they stop (make before break), whatever their class; ``stay(pks)`` takes that back
+    (the node came back first). None: a drain preempts it or waits it out.
     """
 
     queued: str
@@ -34,6 +37,8 @@ class Scheduling:
     preempt: Callable[[int, str, float], None] | None = None
     details: Callable[[Iterable[int]], dict[int, tuple[bool, float | None]]] | None = None
     requeue_unready: Callable[[float], list[int]] | None = None
+    make_way: Callable[[list[int], str], None] | None = None
+    stay: Callable[[list[int]], None] | None = None
 
 
 @dataclass(frozen=True)

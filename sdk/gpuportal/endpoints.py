@@ -67,6 +67,9 @@ class EndpointReplica:
     started_at: datetime | None
     #: What its start did, step by step (``StartStep``), as a job's ``start_progress``.
     start_progress: tuple[StartStep, ...] = ()
+    #: Set while it makes way for a drain of its node: it serves on until its replacement serves.
+    retiring_at: datetime | None = None
+    retire_reason: str = ""
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> EndpointReplica:
@@ -81,6 +84,8 @@ class EndpointReplica:
             created_at=parse_time(data.get("created_at")),
             started_at=parse_time(data.get("started_at")),
             start_progress=tuple(start_steps(data)),
+            retiring_at=parse_time(data.get("retiring_at")),
+            retire_reason=data.get("retire_reason") or "",
         )
 
     def __str__(self) -> str:
