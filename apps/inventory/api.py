@@ -184,9 +184,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=DrainSerializer, responses=NodeSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
     def drain(self, request: Request, pk: str | None = None) -> Response:
-        """Cordon the node and move its work off: preemptible jobs, Ray clusters and inference replicas
-        are given their grace and requeued; instances and work not preemptible are waited out
-        (docs/operations.md). `maintenance` is "drained" once the node is empty."""
+        """Cordon the node and move its work off: preemptible jobs and Ray clusters are given their
+        grace and requeued; inference replicas serve on until their replacements on other nodes
+        serve; instances and work not preemptible are waited out (docs/operations.md).
+        `maintenance` is "drained" once the node is empty."""
         node = self.get_object()
         body = DrainSerializer(data=request.data)
         body.is_valid(raise_exception=True)

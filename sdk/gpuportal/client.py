@@ -260,7 +260,8 @@ class Client:
 
     def drain_node(self, cluster: str, name: str, *, reason: str = "", grace_s: int | None = None) -> dict[str, Any]:
         """Cordon the node and move its work off (platform admins only): preemptible work is given
-        `grace_s` (default: the portal's preemption grace) and requeued, the rest waited out."""
+        `grace_s` (default: the portal's preemption grace) and requeued, endpoint replicas replaced
+        elsewhere before they stop, the rest waited out."""
         node = self.node(cluster, name)
         body: dict[str, Any] = {"reason": reason, **({"grace_s": grace_s} if grace_s is not None else {})}
         answer: dict[str, Any] = self.request("POST", f"nodes/{node['id']}/drain/", json=body)

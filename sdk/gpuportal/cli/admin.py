@@ -215,9 +215,9 @@ def cordon(target: str, reason: str, as_json: bool) -> None:
               help="Time the work moved off gets to checkpoint (default: the portal's preemption grace).")  # fmt: skip
 @json_option
 def drain(target: str, reason: str, grace_s: int | None, as_json: bool) -> None:
-    """Cordon the node and move its work off: preemptible jobs, Ray clusters and endpoint replicas are
-    given their grace and requeued; instances and work not preemptible are waited out. The node is
-    "drained" once it is empty."""
+    """Cordon the node and move its work off: preemptible jobs and Ray clusters are given their grace
+    and requeued; endpoint replicas serve on until their replacements on other nodes serve;
+    instances and work not preemptible are waited out. The node is "drained" once it is empty."""
     cluster, name = cluster_node(target)
     done = portal().drain_node(cluster, name, reason=reason, grace_s=grace_s)
     print_json(done) if as_json else click.echo(node_line(done))
