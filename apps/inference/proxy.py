@@ -29,6 +29,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -456,7 +457,10 @@ def _forward(request: HttpRequest, endpoint: Endpoint, body: bytes) -> HttpRespo
 
 
 def _busy(endpoint: Endpoint, waited: float) -> HttpResponse:
-    serving = TRAFFIC.answering(endpoint)
+    # The replicas as this request last read them, whatever their age: what kept it waiting. (Read
+    # again, they may count one that began to serve since, as a cold start that ran its cycle
+    # inline, and call it busy.)
+    serving = TRAFFIC.answering(endpoint, max_age_s=math.inf)
     if serving:
         why = f"all {serving} of its replicas are busy; more are being started, up to {endpoint.max_replicas}"
     else:

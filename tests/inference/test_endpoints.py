@@ -17,6 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.inference import proxy, scaling
+from apps.inference.actions import record_replica_ready
 from apps.inference.models import Endpoint, Replica, ScaleEvent, Traffic
 from apps.jobs.actions import check_submit_job, do_cancel_job
 from apps.jobs.models import Artifact, Job
@@ -310,6 +311,30 @@ def test_a_replica_stopped_since_the_proxy_read_the_replicas_is_not_counted_as_s
     assert cold.status_code == 503
     assert "no replica serves yet" in cold.json()["error"]["message"]  # not "all 1 of its replicas are busy"
     assert proxy.TRAFFIC.serving(made) == []  # read again: none serves
+
+
+def test_a_cold_endpoint_whose_replica_serves_only_after_the_request_gave_up_says_none_served_it(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cold start's cycle may run inline and take longer than the proxy keeps its list of
+    replicas: the answer says what the request saw (none serving), not "all 1 busy"."""
+    settings.PORTAL_PUBLIC_URL = "http://127.0.0.1:8000"
+    settings.PORTAL_NOTEBOOK_DOMAIN = "localhost"
+    made = endpoint(world.team_a, world.alice, cpu_profile())
+    converge_one = scaling.converge_one
+
+    def slow_start(pk: int, *args: Any) -> None:
+        converge_one(pk, *args)
+        record_replica_ready(Replica.objects.get(endpoint=made), target="http://127.0.0.1:9")
+        time.sleep(proxy.REPLICAS_EVERY_S + 0.1)
+
+    monkeypatch.setattr(scaling, "converge_one", slow_start)
+    headers = {"Host": f"{made.host}:8000", "Authorization": f"Bearer {api_token(world.alice)}", "Prefer": "wait=0"}
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
+    cold = Client().post("/v1/chat/completions", body, content_type="application/json", headers=headers)
+    assert cold.status_code == 503
+    assert "no replica serves yet" in cold.json()["error"]["message"]
+    assert len(proxy.TRAFFIC.serving(made)) == 1  # read again: it serves now
 
 
 def test_a_callers_access_is_one_query_for_a_member_and_a_second_only_to_tell_a_viewer_from_a_stranger(
