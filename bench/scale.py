@@ -229,7 +229,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200, help="steady-state cycles to time (default %(default)s)")
     p.add_argument("--finish-per-step", type=int, default=50, help="workloads ending per cycle (default %(default)s)")
     p.add_argument("--pending", type=int, default=PENDING, help="workloads kept waiting (default %(default)s)")
-    p.add_argument("--only-passes", action="store_true", help="measure the explained passes alone")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--only-passes", action="store_true", help="measure the explained passes alone")
+    only.add_argument(
+        "--only-sustained", action="store_true", help="measure the sustained cycles alone (to pair engines run by run)"
+    )
     p.add_argument("--repeat", type=int, default=3, help="times each explained pass is timed (default %(default)s)")
     p.add_argument(
         "--max-scan", type=int, default=1000, help="Policy.max_scan of the timed cycles (default %(default)s)"
@@ -248,10 +252,12 @@ def main() -> int:
         "cohorts": COHORTS,
         "pending": PENDING,
         "max_scan": args.max_scan,
-        "full_pass": full_passes(explained, args.seed, args.repeat),
     }
+    if not args.only_sustained:
+        result["full_pass"] = full_passes(explained, args.seed, args.repeat)
     if not args.only_passes:
         result["sustained"] = sustained(policy, args.seed, args.steps, args.finish_per_step)
+    if not (args.only_passes or args.only_sustained):
         result["memory"] = peak_memory(explained, args.seed)
     # The machine's speed, before and after: admissions per CPU second times the loop's seconds is
     # admissions per reference loop, a figure that compares across machines (as a ratio, roughly).

@@ -758,13 +758,21 @@ class Engine:
         # ahead of the next other workspace's rank when its class is lower, or the same and the rest is.
         ahead_of, tie = (heap[0][0], (self._share(name), name) < heap[0][1:]) if heap else (4, True)
         clock, starvation_s = self.clock or 0.0, self.policy.starvation_s
+        # Per shape number (its GPU type, thousandths and gang-ness fixed), its rank unless it is a
+        # starving gang, and whether it is a gang: use does not change while they are counted.
+        by_number: dict[int, tuple[int, bool]] = {}
         taken = eligible = 0
         while taken < run and taken < scan and eligible < slice_:
-            workload = pending[items[start + taken][2]]
-            gpu_type = workload.gpu_type
-            rank = 0 if used[name, gpu_type] + workload.units <= nominal(name, gpu_type) else 2
-            if not (is_gang(workload) and clock - workload.submitted_at >= starvation_s):  # see _starving
-                rank += 1
+            _, _, key, number = items[start + taken]
+            workload = pending[key]
+            known = by_number.get(number)
+            if known is None:
+                gpu_type = workload.gpu_type
+                within = used[name, gpu_type] + workload.units <= nominal(name, gpu_type)
+                known = by_number[number] = (1 if within else 3, is_gang(workload))
+            rank, gang = known
+            if gang and clock - workload.submitted_at >= starvation_s:  # see _starving
+                rank -= 1
             if rank > ahead_of or (rank == ahead_of and not tie):
                 break
             taken += 1

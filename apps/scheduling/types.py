@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 from itertools import count
 from typing import Literal, NamedTuple, overload
 
@@ -47,6 +48,7 @@ def gpus_of(units: int) -> Decimal:
     return (Decimal(units) / UNIT).normalize()
 
 
+@lru_cache(maxsize=4096)  # reasons name the same few amounts again and again
 def fmt_units(units: int) -> str:
     """Thousandths as the GPUs they make, without trailing zeros ("2", "0.5", "1.25", "0.333")."""
     whole, part = divmod(abs(units), UNIT)
