@@ -26,7 +26,7 @@ from apps.inference.replicas import live as _live
 from apps.inventory.models import Allocation
 from apps.jobs.models import Artifact
 from apps.scheduling.limits import check_request_size
-from apps.scheduling.trigger import request_cycle, request_workload
+from apps.scheduling.trigger import request_cycle
 from apps.workloads.models import Workload
 from apps.workspaces.models import Workspace
 from workers.backends import servers
@@ -264,28 +264,6 @@ def do_delete_endpoint(endpoint: Endpoint, *, acting_user: Any, origin: Origin =
 
 
 # -- replicas ------------------------------------------------------------------------------------
-
-
-def do_preempt_replica(replica: Replica, *, reason: str) -> None:
-    """The scheduler evicts a replica for other work: its devices go back at once; the autoscaler
-    asks for another if the endpoint still needs it."""
-    with transaction.atomic():
-        replica = Replica.objects.select_for_update().get(pk=replica.pk)
-        if replica.state not in Replica.HOLDING_STATES:
-            return
-        Allocation.objects.filter(workload=replica).delete()
-        replica.reason = f"preempted: {reason}"[:4000]
-        if replica.backend_state is None and replica.start_claim is None:
-            replica.state = Replica.State.STOPPED
-            replica.finished_at = timezone.now()
-        else:
-            replica.state = Replica.State.PREEMPTED
-        replica.save()
-        do_log_event(Event.ENDPOINT_PREEMPT, replica.endpoint, workspace=replica.endpoint.workspace,
-                     data={"replica": replica.pk, "reason": reason})  # fmt: skip
-        if replica.state == Replica.State.PREEMPTED:
-            request_workload("replica", replica.pk)
-        request_cycle()
 
 
 def record_replica_ready(replica: Replica, *, target: str) -> None:

@@ -14,7 +14,7 @@ from apps.workloads.kinds import KindInfo, Scheduling
 
 
 def _preempt(pk: int, reason: str, grace_s: float) -> None:
-    from apps.inference.actions import do_preempt_replica
+    from apps.inference.replicas import do_preempt_replica
 
     replica = Replica.objects.select_related("endpoint__workspace").filter(pk=pk).first()
     if replica is not None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
+from apps.audit.actions import do_log_event
+from apps.audit.events import Event
 from apps.inference.models import Endpoint, Replica
 from apps.inventory.models import Allocation
 from apps.scheduling.trigger import request_cycle, request_workload
@@ -66,3 +69,25 @@ def stop_replica(replica: Replica, reason: str) -> None:
     replica.save()
     request_cycle()
     request_workload("replica", replica.pk)
+
+
+def do_preempt_replica(replica: Replica, *, reason: str) -> None:
+    """The scheduler evicts a replica for other work: its devices go back at once; the autoscaler
+    asks for another if the endpoint still needs it."""
+    with transaction.atomic():
+        replica = Replica.objects.select_for_update().get(pk=replica.pk)
+        if replica.state not in Replica.HOLDING_STATES:
+            return
+        Allocation.objects.filter(workload=replica).delete()
+        replica.reason = f"preempted: {reason}"[:4000]
+        if replica.backend_state is None and replica.start_claim is None:
+            replica.state = Replica.State.STOPPED
+            replica.finished_at = timezone.now()
+        else:
+            replica.state = Replica.State.PREEMPTED
+        replica.save()
+        do_log_event(Event.ENDPOINT_PREEMPT, replica.endpoint, workspace=replica.endpoint.workspace,
+                     data={"replica": replica.pk, "reason": reason})  # fmt: skip
+        if replica.state == Replica.State.PREEMPTED:
+            request_workload("replica", replica.pk)
+        request_cycle()

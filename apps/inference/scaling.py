@@ -38,7 +38,7 @@ from django.utils import timezone
 from apps.audit.actions import do_log_event
 from apps.audit.events import Event
 from apps.inference.models import LATENCY_BUCKETS_S, Endpoint, Replica, Sample, ScaleEvent, Traffic
-from apps.inference.replicas import live, new_replica, stop_replica
+from apps.inference.replicas import do_preempt_replica, live, new_replica, stop_replica
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +179,6 @@ def _retire(endpoint: Endpoint, retiring: list[Replica], current: list[Replica],
     serve: as many of the current version serving as the endpoint wants. One not serving yet goes
     at once (nothing is lost); one whose replacement has not served within PORTAL_DRAIN_REPLACE_S
     (no quota or room for it, or its model loads slowly) goes then, so that the drain ends."""
-    from apps.inference.actions import do_preempt_replica
-
     serving = sum(1 for r in current if r.state == Replica.State.READY)
     for replica in retiring:
         waited = (now - replica.retiring_at).total_seconds() if replica.retiring_at else 0.0
