@@ -23,6 +23,8 @@ from apps.inventory.maintenance import do_uncordon_node, upkeep
 from apps.inventory.models import GPU, Allocation, Node
 from apps.scheduling.adapter import run_cycle
 from tests.inference.endpoints import cpu_profile, endpoint
+from tests.mail import body_of, smtp_server
+from tests.maintenance.test_windows import announce
 from tests.personas import World
 
 
@@ -134,3 +136,18 @@ def test_a_node_back_before_the_replacement_serves_keeps_its_replica_and_the_rep
     assert old.state == "READY" and old.retiring_at is None
     new = Replica.objects.exclude(pk=old.pk).get(endpoint=made)
     assert new.state in ("STOPPED", "STOPPING") and new.reason == "scaled down"  # not serving yet: it goes
+
+
+def test_a_window_tells_the_endpoints_owner_its_replica_is_replaced_not_stopped(
+    world: World, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    made, replica, _ = _serving(world)
+    with smtp_server() as box:
+        for key, value in box.settings().items():
+            setattr(settings, key, value)
+        assert announce(world, django_capture_on_commit_callbacks).status_code == 201
+        [mail] = box.wait_for(1)
+
+    text = body_of(mail)
+    assert f"#{replica.pk}" in text
+    assert "replaced at the start: it serves on until its replacement on another node serves" in text
