@@ -452,12 +452,17 @@ elastic_ok() { slurmd_ok "$1" || [[ "$(node_state "$1")" =~ POWER(ED_DOWN|ING_DO
 sacctmgr_ok() { slurmdbd_ok && [[ "$(timeout 15 sacctmgr -n -P list cluster format=cluster 2>/dev/null)" == *"$CLUSTER"* ]]; }
 slurmrestd_ok() { pid_alive "$RUN_DIR/slurmrestd.pid" slurmrestd && [ "$(rest_status diag)" = 200 ]; }
 
-# The nodes are up: each one in a state that can run jobs and responding.
+# nodes_up [drained]: every node of the partition is up: its slurmd answers and it takes work,
+# whatever the controller plans there (plnd, and "-" after a state: the backfill planned a pending
+# job on it); with "drained", also one an admin drained (the maintenance tests drain node3 for a
+# moment: the cluster still answers). Not down, failed, not responding ("*"), powered off or
+# powering ("~#%!").
 nodes_up() {
-  local states
+  local states taking='idle|mix|alloc|comp|plnd|resv'
+  [ "${1:-}" = drained ] && taking="$taking|drain|drng|maint"
   pid_alive "$RUN_DIR/slurmctld.pid" slurmctld || return 1
   states="$(timeout 10 sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null)" || return 1
-  [ "$(grep -cE ' (idle|mix|alloc|comp)$' <<<"$states")" -eq "${#NODES[@]}" ]
+  [ "$(grep -cE " ($taking)[-\$@]?\$" <<<"$states")" -eq "${#NODES[@]}" ]
 }
 
 # rest_status PATH: HTTP status of GET /slurm/$REST_API/PATH with a fresh root token.
@@ -697,7 +702,7 @@ cmd_status() {
   for node in "${ELASTIC_NODES[@]}"; do
     if slurmd_ok "$node"; then echo "ok    slurmd $node (powered up)"; else check "$node powered down or powering (scontrol show node)" elastic_ok "$node"; fi
   done
-  check "nodes up in partition $PARTITION (sinfo)" nodes_up
+  check "nodes up in partition $PARTITION (sinfo)" nodes_up drained
   check "accounting (sacctmgr lists $CLUSTER)" sacctmgr_ok
   check "slurmrestd http://$REST_HOST:$REST_PORT (GET /slurm/$REST_API/diag with a JWT)" slurmrestd_ok
   return "$bad"
