@@ -647,6 +647,9 @@ PORTAL_PREEMPTION = env_bool("PORTAL_PREEMPTION", True)
 PORTAL_PREEMPTION_MIN_RUNTIME_S = env_int("PORTAL_PREEMPTION_MIN_RUNTIME_S", 600, minimum=0)
 PORTAL_PREEMPTION_GRACE_S = env_int("PORTAL_PREEMPTION_GRACE_S", 60, minimum=0, maximum=3600)
 PORTAL_STARVATION_S = env_int("PORTAL_STARVATION_S", 3600, minimum=0)
+# Where working out estimated starts costs the scheduler much (a long line), they are worked out
+# less often than every cycle, but are never older than this (docs/scheduler.md).
+PORTAL_ESTIMATES_MAX_AGE_S = env_int("PORTAL_ESTIMATES_MAX_AGE_S", 30, minimum=0, maximum=3600)
 # An admitted gang not running after this long is requeued, with backoff doubling per requeue.
 PORTAL_GANG_READY_TIMEOUT_S = env_int("PORTAL_GANG_READY_TIMEOUT_S", 900, minimum=10)
 # How long a Ray cluster may take for every node to join (environment built, `ray start`s done).

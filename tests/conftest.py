@@ -83,10 +83,12 @@ def _own_redis_keys() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_reconcile_backoff() -> None:
+def _fresh_scheduler_state() -> None:
+    from apps.scheduling.adapter import estimates_due
     from apps.scheduling.backoff import RECONCILE
 
     RECONCILE.reset()
+    estimates_due.reset()  # each test's first cycle estimates, whatever the last test's cost
 
 
 @pytest.fixture(autouse=True)

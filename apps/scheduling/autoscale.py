@@ -114,7 +114,7 @@ def _wanted(snapshot: Snapshot, pools: Sequence[ElasticPool]) -> tuple[dict[str,
         replace(r, devices=tuple((renamed.get(node, node), index) for node, index in r.devices))
         for r in snapshot.reservations
     )
-    whatif = replace(snapshot, nodes=nodes, reservations=reservations,
+    whatif = replace(snapshot, nodes=nodes, reservations=reservations, estimate=False,
                      policy=replace(snapshot.policy, preemption=False))  # fmt: skip
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     used: set[str] = set()

@@ -23,6 +23,8 @@ Quantities are kept internally in thousandths of a GPU (ints), so fractional GPU
 from __future__ import annotations
 
 import heapq
+import itertools
+import time
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -107,7 +109,11 @@ class _Queue:
 
     def remove(self, workload: Workload) -> None:
         number = self.number(workload)
-        self.items.remove((-workload.priority, workload.seq, workload.key, number))
+        item = (-workload.priority, workload.seq, workload.key, number)
+        at = bisect_left(self.items, item)  # the items are in order: no scan of the list
+        if at == len(self.items) or self.items[at] != item:
+            raise ValueError(f"{workload.key} is not in its queue")
+        del self.items[at]
         shape = self.kinds[number][0]
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
@@ -124,6 +130,63 @@ class _Queue:
     def waiting_out_backoff(self, now: float) -> bool:
         """Whether any of its workloads is still requeued with backoff at `now` (eligible later)."""
         return bool(self.eligible) and self.eligible[-1] > now
+
+
+class _Line:
+    """The pending workloads in the cluster's queue order (priority, then submission), kept as they
+    come instead of sorted at each explained pass: per priority, those that came in order in a dict
+    (its order is theirs), and those that came out of order (work evicted back to its old place, or
+    submitted behind later work) aside, merged in when the line is read and folded in once many."""
+
+    FOLD = 512  # out-of-order workloads of one priority kept aside before they are folded in
+
+    def __init__(self) -> None:
+        self.in_order: dict[int, dict[str, Workload]] = {}
+        self.aside: dict[int, list[Workload]] = {}
+        self.last: dict[int, tuple[int, str]] = {}  # per priority, the latest (seq, key) in order
+
+    def add(self, workload: Workload) -> None:
+        priority, place = workload.priority, (workload.seq, workload.key)
+        if priority not in self.in_order:
+            self.in_order[priority], self.aside[priority] = {}, []
+        if place > self.last.get(priority, (-1 << 62, "")):
+            self.in_order[priority][workload.key] = workload
+            self.last[priority] = place
+        else:
+            self.aside[priority].append(workload)
+
+    def remove(self, workload: Workload) -> None:
+        in_order = self.in_order[workload.priority]
+        if in_order.pop(workload.key, None) is None:
+            self.aside[workload.priority].remove(workload)
+
+    def workloads(self) -> list[Workload]:
+        line: list[Workload] = []
+        for priority in sorted(self.in_order, reverse=True):
+            line += self._merged(priority) if self.aside[priority] else self.in_order[priority].values()
+        return line
+
+    def _merged(self, priority: int) -> list[Workload]:
+        """The workloads of one priority in order: those aside put in their places among the others."""
+        in_order, aside = list(self.in_order[priority].values()), self.aside[priority]
+        aside.sort(key=_place)
+        merged: list[Workload] = []
+        start = 0
+        for workload in aside:
+            at = bisect_left(in_order, _place(workload), lo=start, key=_place)
+            merged += in_order[start:at]
+            merged.append(workload)
+            start = at
+        merged += in_order[start:]
+        if len(aside) >= self.FOLD:
+            self.in_order[priority] = {w.key: w for w in merged}
+            self.aside[priority] = []
+            self.last[priority] = _place(merged[-1])
+        return merged
+
+
+def _place(workload: Workload) -> tuple[int, str]:
+    return (workload.seq, workload.key)
 
 
 Shape = tuple[str, str | None, int, int]  # GPU type, cluster asked for, thousandths per replica, replicas
@@ -214,6 +277,7 @@ class Engine:
         self.on_node: dict[PoolNode, dict[str, _Running]] = defaultdict(dict)  # what runs on each node
         self.priorities: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)  # of running, per same key
         self.pending: dict[str, Workload] = {}
+        self.line = _Line()  # the same workloads in the line's order
         self.queues: dict[str, _Queue] = defaultdict(_Queue)
         self.slot_counts: dict[tuple[str, str, int], int] = {}  # see _slots
         self.rejected: list[Reject] = []
@@ -317,13 +381,17 @@ class Engine:
         if never:
             self.rejected.append(Reject(workload.key, never))
             return
+        if workload.key in self.pending:
+            self.withdraw(workload.key)  # submitted again: its new terms replace the old
         self.pending[workload.key] = workload
+        self.line.add(workload)
         self.queues[workload.workspace].add(workload)
 
     def withdraw(self, key: str) -> None:
         """A pending workload cancelled by its owner."""
         workload = self.pending.pop(key, None)
         if workload is not None:
+            self.line.remove(workload)
             self.queues[workload.workspace].remove(workload)
 
     def finish(self, key: str, now: float | None = None) -> None:
@@ -410,8 +478,9 @@ class Engine:
 
     # -- one cycle ---------------------------------------------------------------------------------
 
-    def cycle(self, now: float, *, explain: bool = True) -> Decisions:
-        """Admit, preempt or explain: one pass over the pending workloads."""
+    def cycle(self, now: float, *, explain: bool = True, estimate: bool = True) -> Decisions:
+        """Admit, preempt or explain: one pass over the pending workloads. An explained pass gives
+        each workload still pending its reason and positions, and with `estimate` its estimated start."""
         self._advance(now)
         self.admitted_now = set()
         decisions = Decisions(rejected=self.rejected)
@@ -434,15 +503,16 @@ class Engine:
         self.fits_something.clear()
         self.preemption.new_pass()  # what its searches found holds in this pass only
         if explain:
-            self._explain(now, decisions, reasons)
+            self._explain(now, decisions, reasons, estimate)
         return decisions
 
     def _admit(self, workload: Workload, pool: Pool | None, placed: list[tuple[PoolNode, list[tuple[int, int]]]],
                borrowed: int, decisions: Decisions, reservation: str | None = None) -> None:  # fmt: skip
         """Start `workload` where it was placed; on a reservation's devices, uncounted against quota."""
         del self.pending[workload.key]
+        self.line.remove(workload)
         self.queues[workload.workspace].remove(workload)
-        started = replace(workload, started_at=self.clock)  # so min_runtime_s protects it in later cycles
+        started = workload.started(self.clock)  # so min_runtime_s protects it in later cycles
         self.admitted_now.add(workload.key)
         self.ledger.repaid(workload.workspace, workload.gpu_type, workload.units)
         if reservation is None:
@@ -452,7 +522,7 @@ class Engine:
             self.reserved_runs[workload.key] = running = _Running(started, pool, placed, 0)
             self._start(running)
         placement = tuple(
-            ReplicaPlacement(node.name, tuple((node.indexes[p], gpus_of(s)) for p, s in devices))
+            ReplicaPlacement(node.name, tuple([(node.indexes[p], gpus_of(s)) for p, s in devices]))
             for node, devices in placed
         )
         decisions.admitted.append(
@@ -1288,10 +1358,14 @@ class Engine:
 
     # -- explaining --------------------------------------------------------------------------------
 
-    def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str]) -> None:
-        """Reason, positions and estimated start for every workload still pending."""
+    def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str], estimate: bool) -> None:
+        """Reason, positions and (with `estimate`) estimated start for every workload still pending."""
         order = self._line()
-        starts = StartEstimates(self).starts(now, order[:ESTIMATED_LINE])
+        starts: list[float | None] = []
+        if estimate:
+            began = time.process_time()
+            starts = StartEstimates(self).starts(now, order[:ESTIMATED_LINE])
+            decisions.estimated, decisions.estimate_s = True, time.process_time() - began
         starts.extend([None] * (len(order) - len(starts)))  # beyond the first ESTIMATED_LINE: none
         keys = [workload.key for workload in order]
         said = list(map(reasons.get, keys))
@@ -1301,11 +1375,8 @@ class Engine:
                     said[ahead] = f"in line: {ahead} workload{'s' if ahead != 1 else ''} ahead of it"
         if self.unended:
             self._explain_awaited(now, order, said, starts)
-        seen: dict[str, int] = {}
-        positions = []
-        for workload in order:
-            position = seen[workload.workspace] = seen.get(workload.workspace, 0) + 1
-            positions.append(position)
+        counters = {name: itertools.count(1).__next__ for name in self.queues}  # each workspace's positions
+        positions = [counters[workload.workspace]() for workload in order]
         decisions.pending = PendingList(keys, cast(list[str], said), positions, starts)
 
     def _explain_awaited(
@@ -1332,7 +1403,7 @@ class Engine:
 
     def _line(self) -> list[Workload]:
         """The pending workloads in the cluster's queue order: priority, then submission."""
-        return sorted(self.pending.values(), key=lambda w: (-w.priority, w.seq, w.key))
+        return self.line.workloads()
 
     def estimates(self, now: float, keys: Collection[str] = ()) -> dict[str, float]:
         """The estimated starts `cycle(now, explain=True)` would give after this cycle, for the pending
@@ -1356,7 +1427,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
         engine.add_running(workload)
     for workload in sorted(snapshot.pending, key=lambda w: (w.seq, w.key)):
         engine.submit(workload)
-    return engine.cycle(snapshot.now)
+    return engine.cycle(snapshot.now, estimate=snapshot.estimate)
 
 
 __all__ = [

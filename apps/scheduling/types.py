@@ -44,6 +44,7 @@ def units_of(gpus: Decimal) -> int:
     return int(gpus * UNIT)
 
 
+@lru_cache(maxsize=4096)  # placements name the same few amounts again and again
 def gpus_of(units: int) -> Decimal:
     return (Decimal(units) / UNIT).normalize()
 
@@ -159,6 +160,15 @@ class Workload:
     widest_units: int = field(init=False, repr=False, compare=False)
     all_replicas: int = field(init=False, repr=False, compare=False)
 
+    def started(self, at: float | None) -> Workload:
+        """The same workload started at `at`: `replace(self, started_at=at)` without working out its
+        units again (the pass admits thousands at a time)."""
+        copy = object.__new__(Workload)
+        for name in Workload.__slots__:
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "started_at", at)
+        return copy
+
     def __post_init__(self) -> None:
         replica_units = units_of(self.gpus_per_replica)
         more = [(units_of(g), r) for g, r in self.more]
@@ -213,6 +223,7 @@ class Snapshot:
     now: float = 0.0
     policy: Policy = field(default_factory=Policy)
     reservations: tuple[Reservation, ...] = ()
+    estimate: bool = True  # work out the pending workloads' estimated starts (the costly part of a pass)
 
 
 # --- Decisions out -----------------------------------------------------------------------------
@@ -299,3 +310,7 @@ class Decisions:
     preempted: list[Preempt] = field(default_factory=list)
     pending: Sequence[Pending] = field(default_factory=list)
     rejected: list[Reject] = field(default_factory=list)
+    # Whether `pending` carries estimated starts (False: the pass was asked for none, and every
+    # `estimated_start` is None), and the CPU seconds working them out took.
+    estimated: bool = field(default=False, compare=False)
+    estimate_s: float = field(default=0.0, compare=False)
