@@ -142,23 +142,23 @@ class _Line:
 
     def __init__(self) -> None:
         self.in_order: dict[int, dict[str, Workload]] = {}
-        self.aside: dict[int, list[Workload]] = {}
+        self.aside: dict[int, dict[str, Workload]] = {}
         self.last: dict[int, tuple[int, str]] = {}  # per priority, the latest (seq, key) in order
 
     def add(self, workload: Workload) -> None:
         priority, place = workload.priority, (workload.seq, workload.key)
         if priority not in self.in_order:
-            self.in_order[priority], self.aside[priority] = {}, []
+            self.in_order[priority], self.aside[priority] = {}, {}
         if place > self.last.get(priority, (-1 << 62, "")):
             self.in_order[priority][workload.key] = workload
             self.last[priority] = place
         else:
-            self.aside[priority].append(workload)
+            self.aside[priority][workload.key] = workload
 
     def remove(self, workload: Workload) -> None:
         in_order = self.in_order[workload.priority]
         if in_order.pop(workload.key, None) is None:
-            self.aside[workload.priority].remove(workload)
+            del self.aside[workload.priority][workload.key]
 
     def workloads(self) -> list[Workload]:
         line: list[Workload] = []
@@ -168,8 +168,7 @@ class _Line:
 
     def _merged(self, priority: int) -> list[Workload]:
         """The workloads of one priority in order: those aside put in their places among the others."""
-        in_order, aside = list(self.in_order[priority].values()), self.aside[priority]
-        aside.sort(key=_place)
+        in_order, aside = list(self.in_order[priority].values()), sorted(self.aside[priority].values(), key=_place)
         merged: list[Workload] = []
         start = 0
         for workload in aside:
@@ -180,7 +179,7 @@ class _Line:
         merged += in_order[start:]
         if len(aside) >= self.FOLD:
             self.in_order[priority] = {w.key: w for w in merged}
-            self.aside[priority] = []
+            self.aside[priority] = {}
             self.last[priority] = _place(merged[-1])
         return merged
 
