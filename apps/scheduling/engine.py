@@ -108,12 +108,14 @@ class _Queue:
             self.declared += 1
 
     def remove(self, workload: Workload) -> None:
-        number = self.number(workload)
-        item = (-workload.priority, workload.seq, workload.key, number)
-        at = bisect_left(self.items, item)  # the items are in order: no scan of the list
-        if at == len(self.items) or self.items[at] != item:
+        items = self.items
+        # The items are in order, and no two have the same key: its item is the first at or after
+        # (-priority, seq, key), found by bisection rather than a scan; its number says its shape.
+        at = bisect_left(items, (-workload.priority, workload.seq, workload.key))
+        if at == len(items) or items[at][2] != workload.key:
             raise ValueError(f"{workload.key} is not in its queue")
-        del self.items[at]
+        number = items[at][3]
+        del items[at]
         shape = self.kinds[number][0]
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
@@ -161,10 +163,21 @@ class _Line:
             del self.aside[workload.priority][workload.key]
 
     def workloads(self) -> list[Workload]:
+        return self.with_keys()[0]
+
+    def with_keys(self) -> tuple[list[Workload], list[str]]:
+        """The line, and its workloads' keys in the same order."""
         line: list[Workload] = []
+        keys: list[str] = []
         for priority in sorted(self.in_order, reverse=True):
-            line += self._merged(priority) if self.aside[priority] else self.in_order[priority].values()
-        return line
+            if self.aside[priority]:
+                merged = self._merged(priority)
+                line += merged
+                keys += [workload.key for workload in merged]
+            else:
+                line += self.in_order[priority].values()
+                keys += self.in_order[priority]  # its keys, in the same order
+        return line, keys
 
     def _merged(self, priority: int) -> list[Workload]:
         """The workloads of one priority in order: those aside put in their places among the others."""
@@ -1359,14 +1372,13 @@ class Engine:
 
     def _explain(self, now: float, decisions: Decisions, reasons: dict[str, str], estimate: bool) -> None:
         """Reason, positions and (with `estimate`) estimated start for every workload still pending."""
-        order = self._line()
+        order, keys = self.line.with_keys()
         starts: list[float | None] = []
         if estimate:
             began = time.process_time()
             starts = StartEstimates(self).starts(now, order[:ESTIMATED_LINE])
             decisions.estimated, decisions.estimate_s = True, time.process_time() - began
         starts.extend([None] * (len(order) - len(starts)))  # beyond the first ESTIMATED_LINE: none
-        keys = [workload.key for workload in order]
         said = list(map(reasons.get, keys))
         if not all(said):
             for ahead, reason in enumerate(said):

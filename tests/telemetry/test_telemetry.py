@@ -209,7 +209,8 @@ def test_a_slurm_clusters_readings_give_each_device_its_jobs_mean(world: World, 
 
 def test_samples_are_folded_into_minutes_then_hours_then_dropped(world: World, gpu_cluster: Cluster) -> None:
     gpu = GPU.objects.get(uuid="GPU-aaaa")
-    now = timezone.now().replace(second=30, microsecond=0)
+    # Half past the hour: the two old minutes below (40 days back) fall in one hour whenever it runs.
+    now = timezone.now().replace(minute=30, second=30, microsecond=0)
     two_days = now - timedelta(days=2)
     minute = two_days.replace(second=0)
 
